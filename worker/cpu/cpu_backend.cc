@@ -1,0 +1,417 @@
+#include "worker/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "kernels/attention_ref.h"
+#include "kernels/compressor_ref.h"
+#include "kernels/cpu_gemm.h"
+#include "kernels/indexer_ref.h"
+#include "kernels/mhc_ref.h"
+#include "kernels/moe_ref.h"
+#include "kernels/rms_norm_ref.h"
+#include "kernels/rope_ref.h"
+
+namespace dsv4 {
+namespace {
+
+constexpr size_t kAlign = 64;
+constexpr size_t kScratchBlockBytes = 64ull << 20;
+
+absl::Status Check(bool ok, std::string_view op, std::string_view what) {
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("cpu backend ", AV(op), ": ", AV(what)));
+}
+
+bool Is(const Tensor& t, DType dtype, int rank) {
+  return !t.empty() && t.dtype == dtype && t.shape.rank == rank;
+}
+
+size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+}  // namespace
+
+CpuBackend::CpuBackend() = default;
+CpuBackend::~CpuBackend() = default;
+
+absl::StatusOr<Tensor> CpuBackend::Allocate(std::vector<Block>* owner, DType dtype, Shape shape) {
+  Tensor t;
+  t.dtype = dtype;
+  t.shape = shape;
+  for (int i = 0; i < shape.rank; ++i) {
+    if (shape[i] < 0) return absl::InvalidArgumentError("negative dimension");
+  }
+  const size_t bytes = std::max<size_t>(t.nbytes(), 1);
+  Block block;
+  block.data.reset(new (std::nothrow) uint8_t[bytes + kAlign]);
+  if (block.data == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes"));
+  }
+  block.size = bytes + kAlign;
+  auto addr = reinterpret_cast<uintptr_t>(block.data.get());
+  t.data = reinterpret_cast<void*>((addr + kAlign - 1) / kAlign * kAlign);
+  std::memset(t.data, 0, bytes);
+  owner->push_back(std::move(block));
+  return t;
+}
+
+absl::StatusOr<Tensor> CpuBackend::CreateWeight(const HostTensor& src) {
+  if (src.dtype != DType::kF32 && src.dtype != DType::kI32) {
+    return absl::InvalidArgumentError("cpu backend weights are f32 or i32");
+  }
+  ASSIGN_OR_RETURN(Tensor t, Allocate(&persistent_, src.dtype, src.shape));
+  const size_t have = src.dtype == DType::kI32 ? src.i32.size() : src.f32.size();
+  if (have != static_cast<size_t>(t.numel())) {
+    return absl::InvalidArgumentError(absl::StrCat("weight data has ", have, " values for shape ",
+                                                   src.shape.ToString()));
+  }
+  std::memcpy(t.data, src.data(), t.nbytes());
+  persistent_bytes_ += t.nbytes();
+  return t;
+}
+
+absl::StatusOr<Tensor> CpuBackend::CreatePool(DType dtype, Shape shape) {
+  ASSIGN_OR_RETURN(Tensor t, Allocate(&persistent_, dtype, shape));
+  persistent_bytes_ += t.nbytes();
+  return t;
+}
+
+absl::StatusOr<Tensor> CpuBackend::Scratch(DType dtype, Shape shape) {
+  Tensor t;
+  t.dtype = dtype;
+  t.shape = shape;
+  const size_t bytes = AlignUp(std::max<size_t>(t.nbytes(), 1));
+  while (scratch_block_ < scratch_.size() &&
+         scratch_offset_ + bytes > scratch_[scratch_block_].size - kAlign) {
+    ++scratch_block_;
+    scratch_offset_ = 0;
+  }
+  if (scratch_block_ == scratch_.size()) {
+    Block block;
+    block.size = std::max(kScratchBlockBytes, bytes) + kAlign;
+    block.data.reset(new (std::nothrow) uint8_t[block.size]);
+    if (block.data == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate scratch of ", bytes));
+    }
+    scratch_.push_back(std::move(block));
+    scratch_offset_ = 0;
+  }
+  auto base = reinterpret_cast<uintptr_t>(scratch_[scratch_block_].data.get());
+  base = (base + kAlign - 1) / kAlign * kAlign;
+  t.data = reinterpret_cast<void*>(base + scratch_offset_);
+  scratch_offset_ += bytes;
+  return t;
+}
+
+absl::Status CpuBackend::BeginStep(const StepMeta& meta) {
+  scratch_block_ = 0;
+  scratch_offset_ = 0;
+  meta_ = &meta;
+  view_ = RaggedBatchView{};
+  view_.num_tokens = meta.num_tokens;
+  view_.num_seqs = meta.num_seqs;
+  view_.token_ids = meta.token_ids.data();
+  view_.positions = meta.positions.data();
+  view_.token_seq = meta.token_seq.data();
+  view_.seq_begin = meta.seq_begin.data();
+  view_.seq_start_pos = meta.seq_start_pos.data();
+  view_.state_slot = meta.state_slot.data();
+  view_.block_table = meta.block_table.data();
+  view_.block_stride = meta.block_stride;
+  view_.block_size = meta.block_size;
+  view_.force_indexer_scoring = meta.force_indexer_scoring;
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::CopyToHost(const Tensor& src, void* dst) {
+  std::memcpy(dst, src.data, src.nbytes());
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Embed(const Tensor& table, Tensor out) {
+  RETURN_IF_ERROR(Check(Is(table, DType::kF32, 2) && Is(out, DType::kF32, 2) &&
+                            out.dim(0) == view_.num_tokens && out.dim(1) == table.dim(1),
+                        "Embed", "shape mismatch"));
+  const int64_t d = table.dim(1);
+  for (int32_t t = 0; t < view_.num_tokens; ++t) {
+    const int32_t id = view_.token_ids[t];
+    RETURN_IF_ERROR(Check(id >= 0 && id < table.dim(0), "Embed", "token id out of range"));
+    std::memcpy(out.ptr<float>() + t * d, table.ptr<float>() + id * d, sizeof(float) * d);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Linear(const Tensor& x, const Tensor& w, Tensor y) {
+  RETURN_IF_ERROR(Check(Is(x, DType::kF32, 2) && Is(w, DType::kF32, 2) && Is(y, DType::kF32, 2) &&
+                            x.dim(1) == w.dim(1) && y.dim(0) == x.dim(0) && y.dim(1) == w.dim(0),
+                        "Linear",
+                        absl::StrCat(x.shape.ToString(), " x ", w.shape.ToString(), "ᵀ -> ",
+                                     y.shape.ToString())));
+  SgemmNT(x.dim(0), w.dim(0), x.dim(1), x.ptr<float>(), x.dim(1), w.ptr<float>(), w.dim(1),
+          y.ptr<float>(), y.dim(1));
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::GroupedLinear(const Tensor& x, const Tensor& w, int64_t groups, Tensor y) {
+  RETURN_IF_ERROR(Check(Is(x, DType::kF32, 2) && Is(w, DType::kF32, 2) && Is(y, DType::kF32, 2) &&
+                            groups > 0 && x.dim(1) == groups * w.dim(1) &&
+                            w.dim(0) % groups == 0 && y.dim(1) == w.dim(0) && y.dim(0) == x.dim(0),
+                        "GroupedLinear", "shape mismatch"));
+  const int64_t k = w.dim(1);
+  const int64_t n = w.dim(0) / groups;
+  for (int64_t g = 0; g < groups; ++g) {
+    SgemmNT(x.dim(0), n, k, x.ptr<float>() + g * k, x.dim(1), w.ptr<float>() + g * n * k, k,
+            y.ptr<float>() + g * n, y.dim(1));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::RmsNorm(const Tensor& x, const Tensor& weight, const RmsNormParams& p,
+                                 Tensor y) {
+  const int64_t dim = x.dim(x.shape.rank - 1);
+  RETURN_IF_ERROR(Check(x.dtype == DType::kF32 && y.numel() == x.numel() &&
+                            (weight.empty() || weight.numel() == dim),
+                        "RmsNorm", "shape mismatch"));
+  RmsNormRef(x.ptr<float>(), weight.empty() ? nullptr : weight.ptr<float>(), x.numel() / dim, dim,
+             p.eps, y.ptr<float>());
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Rope(Tensor x, const RopeParams& p) {
+  RETURN_IF_ERROR(Check(Is(x, DType::kF32, 3) && x.dim(0) == view_.num_tokens &&
+                            p.rope_dims <= x.dim(2) && p.inv_freq.numel() == p.rope_dims / 2,
+                        "Rope", "shape mismatch"));
+  RopeRef(x.ptr<float>(), x.dim(0), x.dim(1), x.dim(2), p.rope_dims, p.inv_freq.ptr<float>(),
+          view_.positions, p.inverse);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Add(const Tensor& a, const Tensor& b, Tensor out) {
+  RETURN_IF_ERROR(Check(a.numel() == b.numel() && a.numel() == out.numel(), "Add", "shape mismatch"));
+  const float* pa = a.ptr<float>();
+  const float* pb = b.ptr<float>();
+  float* po = out.ptr<float>();
+  for (int64_t i = 0; i < a.numel(); ++i) po[i] = pa[i] + pb[i];
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::GatherLogitRows(const Tensor& x, Tensor out) {
+  const auto& rows = meta_->logit_rows;
+  RETURN_IF_ERROR(Check(Is(x, DType::kF32, 2) && Is(out, DType::kF32, 2) &&
+                            out.dim(0) == static_cast<int64_t>(rows.size()) &&
+                            out.dim(1) == x.dim(1),
+                        "GatherLogitRows", "shape mismatch"));
+  for (size_t r = 0; r < rows.size(); ++r) {
+    std::memcpy(out.ptr<float>() + r * x.dim(1), x.ptr<float>() + rows[r] * x.dim(1),
+                sizeof(float) * x.dim(1));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::HcExpand(const Tensor& x, Tensor hs) {
+  RETURN_IF_ERROR(Check(Is(x, DType::kF32, 2) && Is(hs, DType::kF32, 3) && hs.dim(0) == x.dim(0) &&
+                            hs.dim(2) == x.dim(1),
+                        "HcExpand", "shape mismatch"));
+  const int64_t n = hs.dim(1);
+  const int64_t d = x.dim(1);
+  for (int64_t t = 0; t < x.dim(0); ++t) {
+    for (int64_t j = 0; j < n; ++j) {
+      std::memcpy(hs.ptr<float>() + (t * n + j) * d, x.ptr<float>() + t * d, sizeof(float) * d);
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+HcShape MakeHcShape(const Tensor& hs, const HcParams& p) {
+  HcShape s;
+  s.tokens = hs.dim(0);
+  s.n = hs.dim(1);
+  s.dim = hs.dim(2);
+  s.sinkhorn_iters = p.sinkhorn_iters;
+  s.hc_eps = p.hc_eps;
+  s.norm_eps = p.norm_eps;
+  return s;
+}
+}  // namespace
+
+absl::Status CpuBackend::HcPre(const Tensor& hs, const Tensor& fn, const Tensor& base,
+                               const Tensor& scale, const HcParams& p, Tensor collapsed,
+                               Tensor post, Tensor comb) {
+  RETURN_IF_ERROR(Check(Is(hs, DType::kF32, 3) && hs.dim(1) == p.hc_mult &&
+                            fn.numel() == (2 + p.hc_mult) * p.hc_mult * p.hc_mult * hs.dim(2) &&
+                            base.numel() == (2 + p.hc_mult) * p.hc_mult && scale.numel() == 3 &&
+                            collapsed.numel() == hs.dim(0) * hs.dim(2) &&
+                            post.numel() == hs.dim(0) * p.hc_mult &&
+                            comb.numel() == hs.dim(0) * p.hc_mult * p.hc_mult,
+                        "HcPre", "shape mismatch"));
+  HcPreRef(MakeHcShape(hs, p), hs.ptr<float>(), fn.ptr<float>(), base.ptr<float>(),
+           scale.ptr<float>(), collapsed.ptr<float>(), post.ptr<float>(), comb.ptr<float>());
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::HcPost(const Tensor& hs, const Tensor& f, const Tensor& post,
+                                const Tensor& comb, Tensor out) {
+  RETURN_IF_ERROR(Check(Is(hs, DType::kF32, 3) && out.numel() == hs.numel() &&
+                            f.numel() == hs.dim(0) * hs.dim(2) && out.data != hs.data,
+                        "HcPost", "shape mismatch"));
+  HcParams p;
+  p.hc_mult = hs.dim(1);
+  HcPostRef(MakeHcShape(hs, p), hs.ptr<float>(), f.ptr<float>(), post.ptr<float>(),
+            comb.ptr<float>(), out.ptr<float>());
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::HcHead(const Tensor& hs, const Tensor& fn, const Tensor& base,
+                                const Tensor& scale, const HcParams& p, Tensor y) {
+  RETURN_IF_ERROR(Check(Is(hs, DType::kF32, 3) && fn.numel() == hs.dim(1) * hs.dim(1) * hs.dim(2) &&
+                            base.numel() == hs.dim(1) && scale.numel() == 1 &&
+                            y.numel() == hs.dim(0) * hs.dim(2),
+                        "HcHead", "shape mismatch"));
+  HcHeadRef(MakeHcShape(hs, p), hs.ptr<float>(), fn.ptr<float>(), base.ptr<float>(),
+            scale.ptr<float>(), y.ptr<float>());
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Compress(const CompressParams& p, const Tensor& a, const Tensor& z,
+                                  Tensor state, Tensor entries) {
+  CompressorShape s;
+  s.ratio = p.ratio;
+  s.overlap = p.overlap;
+  s.dim = p.dim;
+  s.rope_dims = p.rope.rope_dims;
+  s.norm_eps = p.norm_eps;
+  const int64_t cd = p.overlap * p.dim;
+  RETURN_IF_ERROR(Check(Is(a, DType::kF32, 2) && Is(z, DType::kF32, 2) && a.dim(1) == cd &&
+                            z.dim(1) == cd && a.dim(0) == view_.num_tokens &&
+                            Is(state, DType::kF32, 2) &&
+                            state.dim(1) == CompressorStateFloats(s) &&
+                            Is(entries, DType::kF32, 3) && entries.dim(2) == p.dim &&
+                            entries.dim(1) * p.ratio == view_.block_size &&
+                            p.position_bias.numel() == p.ratio * cd &&
+                            p.norm_weight.numel() == p.dim,
+                        "Compress", "shape mismatch"));
+  CompressRef(s, view_, a.ptr<float>(), z.ptr<float>(), p.position_bias.ptr<float>(),
+              p.norm_weight.ptr<float>(), p.rope.inv_freq.ptr<float>(), state.ptr<float>(),
+              entries.ptr<float>());
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::IndexerTopK(const IndexerParams& p, const Tensor& q, const Tensor& weights,
+                                     const Tensor& keys, Tensor out) {
+  RETURN_IF_ERROR(Check(Is(q, DType::kF32, 3) && q.dim(0) == view_.num_tokens &&
+                            Is(weights, DType::kF32, 2) && weights.dim(1) == q.dim(1) &&
+                            Is(keys, DType::kF32, 3) && keys.dim(2) == q.dim(2) &&
+                            keys.dim(1) * p.ratio == view_.block_size &&
+                            Is(out, DType::kI32, 2) && out.dim(1) == p.topk,
+                        "IndexerTopK", "shape mismatch"));
+  IndexerShape s;
+  s.heads = q.dim(1);
+  s.dim = q.dim(2);
+  s.ratio = p.ratio;
+  s.topk = p.topk;
+  s.weight_scale = p.weight_scale;
+  s.score_scale = p.score_scale;
+  IndexerTopKRef(s, view_, q.ptr<float>(), weights.ptr<float>(), keys.ptr<float>(),
+                 out.ptr<int32_t>());
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Attention(const AttentionParams& p, const Tensor& q, const Tensor& kv,
+                                   const Tensor& ring, const Tensor& entries,
+                                   const Tensor& selected, const Tensor& sinks, Tensor out) {
+  const bool compressed = p.ratio > 0;
+  RETURN_IF_ERROR(Check(Is(q, DType::kF32, 3) && q.dim(0) == view_.num_tokens &&
+                            Is(kv, DType::kF32, 2) && kv.dim(1) == q.dim(2) &&
+                            Is(ring, DType::kF32, 3) && ring.dim(1) == p.window &&
+                            ring.dim(2) == q.dim(2) && sinks.numel() == q.dim(1) &&
+                            out.numel() == q.numel() &&
+                            (!compressed || (Is(entries, DType::kF32, 3) &&
+                                             entries.dim(2) == q.dim(2) &&
+                                             entries.dim(1) * p.ratio == view_.block_size)) &&
+                            (!compressed || p.dense_compressed || Is(selected, DType::kI32, 2)),
+                        "Attention", "shape mismatch"));
+  AttentionShape s;
+  s.heads = q.dim(1);
+  s.dim = q.dim(2);
+  s.window = p.window;
+  s.ratio = p.ratio;
+  s.topk = selected.empty() ? 0 : selected.dim(1);
+  s.dense_compressed = p.dense_compressed;
+  s.scale = p.scale;
+  AttentionRef(s, view_, q.ptr<float>(), kv.ptr<float>(), ring.ptr<float>(),
+               compressed ? entries.ptr<float>() : nullptr,
+               selected.empty() ? nullptr : selected.ptr<int32_t>(), sinks.ptr<float>(),
+               out.ptr<float>());
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::RingWrite(const Tensor& kv, Tensor ring) {
+  RETURN_IF_ERROR(Check(Is(kv, DType::kF32, 2) && Is(ring, DType::kF32, 3) &&
+                            kv.dim(1) == ring.dim(2) && kv.dim(0) == view_.num_tokens,
+                        "RingWrite", "shape mismatch"));
+  RingWriteRef(ring.dim(2), ring.dim(1), view_, kv.ptr<float>(), ring.ptr<float>());
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Route(const RouterParams& p, const Tensor& logits, const Tensor& bias,
+                               const Tensor& tid2eid, Tensor idx, Tensor weights) {
+  RETURN_IF_ERROR(Check(Is(logits, DType::kF32, 2) && logits.dim(0) == view_.num_tokens &&
+                            Is(idx, DType::kI32, 2) && idx.dim(1) == p.top_k &&
+                            weights.numel() == idx.numel() &&
+                            (!p.hash || (Is(tid2eid, DType::kI32, 2) && tid2eid.dim(1) == p.top_k)) &&
+                            (bias.empty() || bias.numel() == logits.dim(1)),
+                        "Route", "shape mismatch"));
+  RouterShape s;
+  s.tokens = logits.dim(0);
+  s.experts = logits.dim(1);
+  s.top_k = p.top_k;
+  s.routed_scale = p.routed_scale;
+  if (p.hash) {
+    for (int32_t t = 0; t < view_.num_tokens; ++t) {
+      RETURN_IF_ERROR(Check(view_.token_ids[t] >= 0 && view_.token_ids[t] < tid2eid.dim(0),
+                            "Route", "token id outside tid2eid"));
+    }
+  }
+  RouteRef(s, logits.ptr<float>(), bias.empty() ? nullptr : bias.ptr<float>(),
+           p.hash ? tid2eid.ptr<int32_t>() : nullptr, view_.token_ids, idx.ptr<int32_t>(),
+           weights.ptr<float>());
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::MoeExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,
+                                    const Tensor& gate_up, const Tensor& down, float swiglu_limit,
+                                    Tensor out) {
+  RETURN_IF_ERROR(Check(Is(u, DType::kF32, 2) && Is(idx, DType::kI32, 2) &&
+                            Is(gate_up, DType::kF32, 3) && Is(down, DType::kF32, 3) &&
+                            gate_up.dim(2) == u.dim(1) && down.dim(1) == u.dim(1) &&
+                            gate_up.dim(1) == 2 * down.dim(2) && gate_up.dim(0) == down.dim(0) &&
+                            out.numel() == u.numel() && idx.dim(0) == u.dim(0),
+                        "MoeExperts", "shape mismatch"));
+  ExpertsShape s;
+  s.tokens = u.dim(0);
+  s.dim = u.dim(1);
+  s.inter = down.dim(2);
+  s.experts = gate_up.dim(0);
+  s.top_k = idx.dim(1);
+  s.swiglu_limit = swiglu_limit;
+  for (int64_t i = 0; i < idx.numel(); ++i) {
+    const int32_t e = idx.ptr<int32_t>()[i];
+    RETURN_IF_ERROR(Check(e >= 0 && e < s.experts, "MoeExperts", "expert index out of range"));
+  }
+  MoeExpertsRef(s, u.ptr<float>(), idx.ptr<int32_t>(), weights.ptr<float>(), gate_up.ptr<float>(),
+                down.ptr<float>(), out.ptr<float>());
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::SwiGlu(const Tensor& gate_up, float limit, Tensor h) {
+  RETURN_IF_ERROR(Check(Is(gate_up, DType::kF32, 2) && Is(h, DType::kF32, 2) &&
+                            gate_up.dim(1) == 2 * h.dim(1) && gate_up.dim(0) == h.dim(0),
+                        "SwiGlu", "shape mismatch"));
+  SwiGluRef(gate_up.ptr<float>(), h.dim(0), h.dim(1), limit, h.ptr<float>());
+  return absl::OkStatus();
+}
+
+}  // namespace dsv4

@@ -1,0 +1,187 @@
+// Backend: the op seam between the DSV4 model code (dsv4_model.cc) and an execution engine.
+//
+// The model is written once against this interface; the CPU reference backend (worker/cpu/) and
+// the CUDA backend (a run-time-loaded plugin) implement it. Model code only allocates tensors,
+// calls ops and reads back logits; it never touches tensor memory, so every piece of per-step
+// state a kernel needs (token ids, positions, block tables, ...) reaches the backend through
+// StepMeta in BeginStep().
+//
+// Conventions for every op: tensors are contiguous, row-major; shapes are in the comments;
+// "T" is the number of tokens in the step, "S" the number of sequences. Ops may not alias inputs
+// and outputs unless the comment says "in place". Ops return a Status (launch or validation
+// errors); the CPU backend validates shapes and returns InvalidArgument on a mismatch.
+//
+// Ownership: a Backend owns all memory it hands out. Weights and pools live until the backend is
+// destroyed; scratch tensors live until the next BeginStep(). Not thread-safe: one thread drives
+// one backend.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/model/tensor.h"
+
+namespace dsv4 {
+
+// Host-side description of one ragged step. Sequences own contiguous runs of tokens.
+struct StepMeta {
+  int32_t num_tokens = 0;
+  int32_t num_seqs = 0;
+  std::vector<int32_t> token_ids;      // [T]
+  std::vector<int32_t> positions;      // [T] absolute position of each token
+  std::vector<int32_t> token_seq;      // [T] sequence of each token
+  std::vector<int32_t> seq_begin;      // [S+1] token index where each sequence's run starts
+  std::vector<int32_t> seq_start_pos;  // [S] tokens already cached before this step
+  std::vector<int32_t> state_slot;     // [S] state-pool slot of each sequence
+  std::vector<int32_t> block_table;    // [S * block_stride] context-pool blocks, -1 padded
+  int32_t block_stride = 0;
+  int32_t block_size = 0;              // tokens per context block
+  std::vector<int32_t> logit_rows;     // token indices whose logits are returned
+  // Lightning indexer: score even when all visible candidates fit in top-k (the short-context
+  // shortcut is off). Captured GPU graphs must run with this set.
+  bool force_indexer_scoring = false;
+};
+
+struct RmsNormParams {
+  float eps = 1e-6f;
+};
+
+// Interleaved partial RoPE on the trailing `rope_dims` channels of each row.
+struct RopeParams {
+  int64_t rope_dims = 0;
+  Tensor inv_freq;         // [rope_dims/2] f32
+  bool inverse = false;    // rotate by -angle (the attention output's inverse RoPE)
+};
+
+struct HcParams {
+  int64_t hc_mult = 4;
+  int64_t sinkhorn_iters = 20;
+  float hc_eps = 1e-6f;
+  float norm_eps = 1e-6f;
+};
+
+// One compressor (main or indexer) of a CSA/HCA layer. dsv4-model.md §7.
+struct CompressParams {
+  int64_t ratio = 0;       // m: tokens per window
+  int64_t overlap = 1;     // c: 2 for CSA (overlapping windows), 1 for HCA
+  int64_t dim = 0;         // d: width of an entry
+  Tensor position_bias;    // [m, c*d] f32
+  Tensor norm_weight;      // [d] f32
+  float norm_eps = 1e-6f;
+  RopeParams rope;         // compress rope applied at position w*m
+};
+
+struct IndexerParams {
+  int64_t ratio = 0;       // m of the CSA layer
+  int64_t topk = 0;
+  float weight_scale = 1;  // nI^-0.5
+  float score_scale = 1;   // dI^-0.5
+};
+
+struct AttentionParams {
+  int64_t window = 0;      // sliding window including the current token
+  int64_t ratio = 0;       // 0: sliding only
+  bool dense_compressed = false;  // HCA: every visible entry; CSA: the indexer's selection
+  float scale = 1;         // hd^-0.5
+};
+
+struct RouterParams {
+  int64_t top_k = 0;
+  float routed_scale = 1;
+  bool hash = false;       // route through tid2eid instead of biased top-k
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+
+  // ---- memory ----
+  // A persistent weight built from host data (the backend picks its storage precision).
+  virtual absl::StatusOr<Tensor> CreateWeight(const HostTensor& src) = 0;
+  // A persistent zero-filled pool (KV entries, state).
+  virtual absl::StatusOr<Tensor> CreatePool(DType dtype, Shape shape) = 0;
+  // A scratch tensor valid until the next BeginStep().
+  virtual absl::StatusOr<Tensor> Scratch(DType dtype, Shape shape) = 0;
+  // Starts a step: scratch is recycled and `meta` is staged for the ops. `meta` must outlive the
+  // step.
+  virtual absl::Status BeginStep(const StepMeta& meta) = 0;
+  // Copies a tensor to host memory of at least src.nbytes() bytes; waits for completion.
+  virtual absl::Status CopyToHost(const Tensor& src, void* dst) = 0;
+
+  // ---- dense ops ----
+  // out[T, D] = table[token_ids[t]]
+  virtual absl::Status Embed(const Tensor& table, Tensor out) = 0;
+  // y[M, N] = x[M, K] · w[N, K]ᵀ
+  virtual absl::Status Linear(const Tensor& x, const Tensor& w, Tensor y) = 0;
+  // Grouped: y[:, g*N:(g+1)*N] = x[:, g*K:(g+1)*K] · w[g*N:(g+1)*N, :]ᵀ for g < groups.
+  // x [M, groups*K], w [groups*N, K], y [M, groups*N].
+  virtual absl::Status GroupedLinear(const Tensor& x, const Tensor& w, int64_t groups, Tensor y) = 0;
+  // Row-wise RMSNorm over the last dim; `weight` may be empty (unweighted). In place allowed.
+  virtual absl::Status RmsNorm(const Tensor& x, const Tensor& weight, const RmsNormParams& p,
+                               Tensor y) = 0;
+  // x [T, heads, dim] rotated in place at each token's position.
+  virtual absl::Status Rope(Tensor x, const RopeParams& p) = 0;
+  // out = a + b (same shapes). In place allowed.
+  virtual absl::Status Add(const Tensor& a, const Tensor& b, Tensor out) = 0;
+  // out[R, D] = x[logit_rows[r]]
+  virtual absl::Status GatherLogitRows(const Tensor& x, Tensor out) = 0;
+
+  // ---- mHC (dsv4-model.md §4) ----
+  // hs[T, n, D] = x[T, D] copied into each stream.
+  virtual absl::Status HcExpand(const Tensor& x, Tensor hs) = 0;
+  // From streams hs[T, n, D]: collapsed[T, D], post[T, n], comb[T, n, n].
+  virtual absl::Status HcPre(const Tensor& hs, const Tensor& fn, const Tensor& base,
+                             const Tensor& scale, const HcParams& p, Tensor collapsed, Tensor post,
+                             Tensor comb) = 0;
+  // out[k] = post_k · f + Σ_j comb[j, k] · hs[j]
+  virtual absl::Status HcPost(const Tensor& hs, const Tensor& f, const Tensor& post,
+                              const Tensor& comb, Tensor out) = 0;
+  // y[T, D] = Σ_j pre_j hs[j] with the head's own pre gate.
+  virtual absl::Status HcHead(const Tensor& hs, const Tensor& fn, const Tensor& base,
+                              const Tensor& scale, const HcParams& p, Tensor y) = 0;
+
+  // ---- attention state and compressed attention (§6–§9, §11) ----
+  // Feeds each token's projections a[T, c*d], z[T, c*d] into its sequence's compressor state
+  // (state [slots, CompressStateFloats]) in position order, and writes every entry whose window
+  // closes into entries [blocks, block_size/m, d] (normed and roped).
+  virtual absl::Status Compress(const CompressParams& p, const Tensor& a, const Tensor& z,
+                                Tensor state, Tensor entries) = 0;
+  // Lightning-indexer selection for each token: out [T, topk] int32, entry indices sorted
+  // ascending, -1 padded. q [T, nI, dI] roped, weights [T, nI], keys [blocks, bs/m, dI].
+  virtual absl::Status IndexerTopK(const IndexerParams& p, const Tensor& q, const Tensor& weights,
+                                   const Tensor& keys, Tensor out) = 0;
+  // One softmax (with per-head sink) over the raw window ∪ compressed entries.
+  // q [T, H, hd]; kv [T, hd] this step's keys (= values); ring [slots, W, hd] earlier keys;
+  // entries [blocks, bs/m, hd] (empty for sliding layers); selected [T, topk] (CSA) or empty;
+  // sinks [H]; out [T, H, hd].
+  virtual absl::Status Attention(const AttentionParams& p, const Tensor& q, const Tensor& kv,
+                                 const Tensor& ring, const Tensor& entries, const Tensor& selected,
+                                 const Tensor& sinks, Tensor out) = 0;
+  // Writes each token's kv [T, hd] into its sequence's ring [slots, W, hd] at position mod W.
+  // Must run after Attention of the same step.
+  virtual absl::Status RingWrite(const Tensor& kv, Tensor ring) = 0;
+
+  // ---- MoE (§10) ----
+  // logits [T, E] -> idx [T, K] int32 and weights [T, K]. bias [E] (score routing) and tid2eid
+  // [V, K] int32 (hash routing) may be empty when unused.
+  virtual absl::Status Route(const RouterParams& p, const Tensor& logits, const Tensor& bias,
+                             const Tensor& tid2eid, Tensor idx, Tensor weights) = 0;
+  // out[T, D] = Σ_k weights[t,k] · Expert_{idx[t,k]}(u[t]); gate_up [E, 2I, D], down [E, D, I].
+  virtual absl::Status MoeExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,
+                                  const Tensor& gate_up, const Tensor& down, float swiglu_limit,
+                                  Tensor out) = 0;
+  // h[M, I] = silu(min(gu[:, :I], L)) * clamp(gu[:, I:], -L, L)
+  virtual absl::Status SwiGlu(const Tensor& gate_up, float limit, Tensor h) = 0;
+};
+
+// Floats of compressor state per sequence slot: the open window's raw projections (a and z,
+// m x c*d each) and, for overlapping (CSA) compressors, the previous window's first halves
+// (values and biased logits, m x d each).
+inline int64_t CompressStateFloats(int64_t ratio, int64_t overlap, int64_t dim) {
+  return 2 * ratio * overlap * dim + (overlap == 2 ? 2 * ratio * dim : 0);
+}
+
+}  // namespace dsv4

@@ -1,0 +1,533 @@
+#include "worker/model/dsv4_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "worker/model/weight_source.h"
+
+namespace dsv4 {
+
+struct HcWeights {
+  Tensor fn, base, scale;
+};
+
+struct CompressorWeights {
+  Tensor kv_proj;        // [c*d, D]
+  Tensor gate_proj;      // [c*d, D]
+  Tensor position_bias;  // [m, c*d]
+  Tensor kv_norm;        // [d]
+};
+
+struct LayerWeights {
+  Tensor attn_norm, ffn_norm;
+  HcWeights attn_hc, ffn_hc;
+  Tensor q_a_proj, q_a_norm, q_b_proj, kv_proj, kv_norm, o_a_proj, o_b_proj, sinks;
+  CompressorWeights compressor;        // CSA and HCA
+  CompressorWeights index_compressor;  // CSA
+  Tensor index_q_b_proj, index_weights_proj;
+  Tensor gate, gate_bias, tid2eid;
+  Tensor experts_gate_up;  // [E, 2I, D]
+  Tensor experts_down;     // [E, D, I]
+  Tensor shared_gate_up;   // [2I, D]
+  Tensor shared_down;      // [D, I]
+};
+
+struct Dsv4Model::Weights {
+  Tensor embed, head, norm;
+  HcWeights hc_head;
+  Tensor main_inv_freq, compress_inv_freq;
+  std::vector<LayerWeights> layers;
+};
+
+struct Dsv4Model::LayerCache {
+  Tensor ring;           // [slots, W, hd]
+  Tensor entries;        // [blocks, bs/m, hd]
+  Tensor comp_state;     // [slots, state floats]
+  Tensor index_keys;     // [blocks, bs/m, dI]
+  Tensor index_state;    // [slots, state floats]
+};
+
+namespace {
+
+std::string L(int64_t layer, std::string_view suffix) {
+  return absl::StrCat("model.layers.", layer, ".", AV(suffix));
+}
+
+class Loader {
+ public:
+  Loader(WeightSource* src, Backend* backend) : src_(src), backend_(backend) {}
+
+  absl::StatusOr<Tensor> F32(const std::string& name, Shape shape) {
+    ASSIGN_OR_RETURN(HostTensor host, src_->F32(name, shape));
+    return backend_->CreateWeight(host);
+  }
+
+  absl::StatusOr<HcWeights> Hc(const std::string& prefix, int64_t mix, int64_t nd, int64_t scales,
+                              const char* fn, const char* base, const char* scale) {
+    HcWeights w;
+    ASSIGN_OR_RETURN(w.fn, F32(absl::StrCat(prefix, fn), Shape{mix, nd}));
+    ASSIGN_OR_RETURN(w.base, F32(absl::StrCat(prefix, base), Shape{mix}));
+    ASSIGN_OR_RETURN(w.scale, F32(absl::StrCat(prefix, scale), Shape{scales}));
+    return w;
+  }
+
+  absl::StatusOr<CompressorWeights> Compressor(const std::string& prefix, int64_t ratio,
+                                               int64_t overlap, int64_t dim, int64_t hidden) {
+    CompressorWeights w;
+    const int64_t cd = overlap * dim;
+    ASSIGN_OR_RETURN(w.kv_proj, F32(absl::StrCat(prefix, "kv_proj.weight"), Shape{cd, hidden}));
+    ASSIGN_OR_RETURN(w.gate_proj, F32(absl::StrCat(prefix, "gate_proj.weight"), Shape{cd, hidden}));
+    ASSIGN_OR_RETURN(w.position_bias, F32(absl::StrCat(prefix, "position_bias"), Shape{ratio, cd}));
+    ASSIGN_OR_RETURN(w.kv_norm, F32(absl::StrCat(prefix, "kv_norm.weight"), Shape{dim}));
+    return w;
+  }
+
+  // Routed experts as [E, 2I, D] and [E, D, I], from per-expert tensors or HF's fused ones.
+  absl::Status Experts(int64_t layer, const ModelConfig& c, LayerWeights* lw) {
+    const int64_t E = c.n_routed_experts, I = c.moe_intermediate_size, D = c.hidden_size;
+    const std::string fused_gu = L(layer, "mlp.experts.gate_up_proj");
+    if (src_->Has(fused_gu)) {
+      ASSIGN_OR_RETURN(lw->experts_gate_up, F32(fused_gu, Shape{E, 2 * I, D}));
+      ASSIGN_OR_RETURN(lw->experts_down, F32(L(layer, "mlp.experts.down_proj"), Shape{E, D, I}));
+      return absl::OkStatus();
+    }
+    HostTensor gate_up{DType::kF32, Shape{E, 2 * I, D}, {}, {}};
+    HostTensor down{DType::kF32, Shape{E, D, I}, {}, {}};
+    gate_up.f32.reserve(E * 2 * I * D);
+    down.f32.reserve(E * D * I);
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string p = L(layer, absl::StrCat("mlp.experts.", e, "."));
+      ASSIGN_OR_RETURN(HostTensor g, src_->F32(absl::StrCat(p, "gate_proj.weight"), Shape{I, D}));
+      ASSIGN_OR_RETURN(HostTensor u, src_->F32(absl::StrCat(p, "up_proj.weight"), Shape{I, D}));
+      ASSIGN_OR_RETURN(HostTensor d, src_->F32(absl::StrCat(p, "down_proj.weight"), Shape{D, I}));
+      gate_up.f32.insert(gate_up.f32.end(), g.f32.begin(), g.f32.end());
+      gate_up.f32.insert(gate_up.f32.end(), u.f32.begin(), u.f32.end());
+      down.f32.insert(down.f32.end(), d.f32.begin(), d.f32.end());
+    }
+    ASSIGN_OR_RETURN(lw->experts_gate_up, backend_->CreateWeight(gate_up));
+    ASSIGN_OR_RETURN(lw->experts_down, backend_->CreateWeight(down));
+    return absl::OkStatus();
+  }
+
+  absl::Status Layer(int64_t l, const ModelConfig& c, LayerWeights* w) {
+    const int64_t D = c.hidden_size, H = c.num_heads, hd = c.head_dim, n = c.hc_mult;
+    ASSIGN_OR_RETURN(w->attn_norm, F32(L(l, "input_layernorm.weight"), Shape{D}));
+    ASSIGN_OR_RETURN(w->ffn_norm, F32(L(l, "post_attention_layernorm.weight"), Shape{D}));
+    ASSIGN_OR_RETURN(w->attn_hc, Hc(L(l, "attn_hc."), c.HcMixDim(), n * D, 3, "fn", "base", "scale"));
+    ASSIGN_OR_RETURN(w->ffn_hc, Hc(L(l, "ffn_hc."), c.HcMixDim(), n * D, 3, "fn", "base", "scale"));
+    ASSIGN_OR_RETURN(w->q_a_proj, F32(L(l, "self_attn.q_a_proj.weight"), Shape{c.q_lora_rank, D}));
+    ASSIGN_OR_RETURN(w->q_a_norm, F32(L(l, "self_attn.q_a_norm.weight"), Shape{c.q_lora_rank}));
+    ASSIGN_OR_RETURN(w->q_b_proj, F32(L(l, "self_attn.q_b_proj.weight"), Shape{H * hd, c.q_lora_rank}));
+    ASSIGN_OR_RETURN(w->kv_proj, F32(L(l, "self_attn.kv_proj.weight"), Shape{hd, D}));
+    ASSIGN_OR_RETURN(w->kv_norm, F32(L(l, "self_attn.kv_norm.weight"), Shape{hd}));
+    ASSIGN_OR_RETURN(w->o_a_proj, F32(L(l, "self_attn.o_a_proj.weight"),
+                                      Shape{c.o_groups * c.o_lora_rank, (H / c.o_groups) * hd}));
+    ASSIGN_OR_RETURN(w->o_b_proj, F32(L(l, "self_attn.o_b_proj.weight"),
+                                      Shape{D, c.o_groups * c.o_lora_rank}));
+    ASSIGN_OR_RETURN(w->sinks, F32(L(l, "self_attn.sinks"), Shape{H}));
+    const AttnType type = c.layer_types[l];
+    if (type != AttnType::kSliding) {
+      const int64_t overlap = type == AttnType::kCsa ? 2 : 1;
+      ASSIGN_OR_RETURN(w->compressor, Compressor(L(l, "self_attn.compressor."), c.Ratio(l), overlap,
+                                                 hd, D));
+    }
+    if (type == AttnType::kCsa) {
+      const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
+      ASSIGN_OR_RETURN(w->index_compressor,
+                       Compressor(L(l, "self_attn.compressor.indexer."), c.Ratio(l), 2, dI, D));
+      ASSIGN_OR_RETURN(w->index_q_b_proj, F32(L(l, "self_attn.compressor.indexer.q_b_proj.weight"),
+                                              Shape{nI * dI, c.q_lora_rank}));
+      ASSIGN_OR_RETURN(w->index_weights_proj,
+                       F32(L(l, "self_attn.compressor.indexer.scorer.weights_proj.weight"),
+                           Shape{nI, D}));
+    }
+    const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok, I = c.moe_intermediate_size;
+    ASSIGN_OR_RETURN(w->gate, F32(L(l, "mlp.gate.weight"), Shape{E, D}));
+    if (c.mlp_types[l] == MlpType::kHashMoe) {
+      ASSIGN_OR_RETURN(HostTensor table, src_->I32(L(l, "mlp.gate.tid2eid"), Shape{c.vocab_size, K}));
+      for (int32_t e : table.i32) {
+        if (e < 0 || e >= E) {
+          return absl::InvalidArgumentError(absl::StrCat(L(l, "mlp.gate.tid2eid"),
+                                                         " routes to expert ", e, " outside [0, ",
+                                                         E, ")"));
+        }
+      }
+      ASSIGN_OR_RETURN(w->tid2eid, backend_->CreateWeight(table));
+    } else {
+      ASSIGN_OR_RETURN(w->gate_bias, F32(L(l, "mlp.gate.e_score_correction_bias"), Shape{E}));
+    }
+    RETURN_IF_ERROR(Experts(l, c, w));
+    HostTensor shared{DType::kF32, Shape{2 * I, D}, {}, {}};
+    ASSIGN_OR_RETURN(HostTensor g, src_->F32(L(l, "mlp.shared_experts.gate_proj.weight"), Shape{I, D}));
+    ASSIGN_OR_RETURN(HostTensor u, src_->F32(L(l, "mlp.shared_experts.up_proj.weight"), Shape{I, D}));
+    shared.f32 = std::move(g.f32);
+    shared.f32.insert(shared.f32.end(), u.f32.begin(), u.f32.end());
+    ASSIGN_OR_RETURN(w->shared_gate_up, backend_->CreateWeight(shared));
+    ASSIGN_OR_RETURN(w->shared_down, F32(L(l, "mlp.shared_experts.down_proj.weight"), Shape{D, I}));
+    return absl::OkStatus();
+  }
+
+ private:
+  WeightSource* src_;
+  Backend* backend_;
+};
+
+absl::StatusOr<Tensor> InvFreq(Backend* backend, const RopeConfig& rope, int64_t rope_dims) {
+  HostTensor t{DType::kF32, Shape{rope_dims / 2}, RopeInvFreq(rope, rope_dims), {}};
+  return backend->CreateWeight(t);
+}
+
+}  // namespace
+
+int32_t DefaultBlockSize(const ModelConfig& config) {
+  int64_t lcm = 1;
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    if (config.Ratio(l) > 0) lcm = std::lcm(lcm, config.Ratio(l));
+  }
+  int64_t bs = lcm;
+  while (bs < 64) bs += lcm;
+  return static_cast<int32_t>(bs);
+}
+
+Dsv4Model::~Dsv4Model() = default;
+
+absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Load(const ModelConfig& config,
+                                                          const Checkpoint& ckpt,
+                                                          std::unique_ptr<Backend> backend,
+                                                          const CacheConfig& cache) {
+  std::unique_ptr<Dsv4Model> m(new Dsv4Model());
+  m->config_ = config;
+  m->backend_ = std::move(backend);
+  m->cache_ = cache;
+  if (m->cache_.block_size == 0) m->cache_.block_size = DefaultBlockSize(config);
+  if (m->cache_.max_model_len == 0) {
+    m->cache_.max_model_len = static_cast<int32_t>(
+        std::min<int64_t>(config.max_position_embeddings, INT32_MAX - m->cache_.block_size));
+  }
+  const CacheConfig& cc = m->cache_;
+  if (cc.block_size < 1 || cc.num_blocks < 1 || cc.num_slots < 1 || cc.max_model_len < 1 ||
+      cc.max_model_len > config.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cache config: need block_size, num_blocks, num_slots >= 1 and 1 <= max_model_len <= "
+        "max_position_embeddings (", config.max_position_embeddings, "); got block_size=",
+        cc.block_size, " num_blocks=", cc.num_blocks, " num_slots=", cc.num_slots,
+        " max_model_len=", cc.max_model_len));
+  }
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    if (config.Ratio(l) > 0 && cc.block_size % config.Ratio(l) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("cache config: block_size ", cc.block_size,
+                                                     " is not a multiple of layer ", l,
+                                                     "'s compression ratio ", config.Ratio(l)));
+    }
+  }
+  m->max_blocks_per_seq_ = (cc.max_model_len + cc.block_size - 1) / cc.block_size;
+
+  ASSIGN_OR_RETURN(WeightSource src, WeightSource::Create(&ckpt, config.quant_block));
+  Backend* be = m->backend_.get();
+  Loader load(&src, be);
+  auto w = std::make_unique<Weights>();
+  const int64_t D = config.hidden_size, V = config.vocab_size, n = config.hc_mult;
+  ASSIGN_OR_RETURN(w->embed, load.F32("model.embed_tokens.weight", Shape{V, D}));
+  if (config.tie_word_embeddings && !src.Has("lm_head.weight")) {
+    w->head = w->embed;
+  } else {
+    ASSIGN_OR_RETURN(w->head, load.F32("lm_head.weight", Shape{V, D}));
+  }
+  ASSIGN_OR_RETURN(w->norm, load.F32("model.norm.weight", Shape{D}));
+  ASSIGN_OR_RETURN(w->hc_head, load.Hc("model.hc_head.", n, n * D, 1, "hc_fn", "hc_base", "hc_scale"));
+  ASSIGN_OR_RETURN(w->main_inv_freq, InvFreq(be, config.main_rope, config.rope_dims));
+  ASSIGN_OR_RETURN(w->compress_inv_freq, InvFreq(be, config.compress_rope, config.rope_dims));
+  w->layers.resize(config.num_layers);
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    RETURN_IF_ERROR(load.Layer(l, config, &w->layers[l]));
+  }
+  const auto unused = src.Unused();
+  if (!unused.empty()) {
+    LogWarning("checkpoint_unused_tensors",
+               {{"count", unused.size()},
+                {"first", unused.front()},
+                {"detail", "tensors the model does not use were left unloaded"}});
+  }
+  m->weights_ = std::move(w);
+
+  // State pools.
+  m->caches_.resize(config.num_layers);
+  const int64_t hd = config.head_dim;
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    LayerCache& lc = m->caches_[l];
+    ASSIGN_OR_RETURN(lc.ring, be->CreatePool(DType::kF32, Shape{cc.num_slots, config.sliding_window, hd}));
+    const int64_t ratio = config.Ratio(l);
+    if (ratio == 0) continue;
+    const int64_t overlap = config.layer_types[l] == AttnType::kCsa ? 2 : 1;
+    ASSIGN_OR_RETURN(lc.entries, be->CreatePool(DType::kF32, Shape{cc.num_blocks, cc.block_size / ratio, hd}));
+    ASSIGN_OR_RETURN(lc.comp_state, be->CreatePool(DType::kF32, Shape{cc.num_slots, CompressStateFloats(ratio, overlap, hd)}));
+    if (config.layer_types[l] == AttnType::kCsa) {
+      const int64_t dI = config.index_head_dim;
+      ASSIGN_OR_RETURN(lc.index_keys, be->CreatePool(DType::kF32, Shape{cc.num_blocks, cc.block_size / ratio, dI}));
+      ASSIGN_OR_RETURN(lc.index_state, be->CreatePool(DType::kF32, Shape{cc.num_slots, CompressStateFloats(ratio, 2, dI)}));
+    }
+  }
+  return m;
+}
+
+absl::Status Dsv4Model::ValidateStep(std::span<const SequenceStep> seqs) const {
+  if (seqs.empty()) return absl::InvalidArgumentError("step has no sequences");
+  std::vector<bool> slot_used(cache_.num_slots, false);
+  bool needs_blocks = false;
+  for (int64_t l = 0; l < config_.num_layers; ++l) needs_blocks |= config_.Ratio(l) > 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const SequenceStep& s = seqs[i];
+    const std::string where = absl::StrCat("sequence ", i, ": ");
+    if (s.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat(where, "no tokens"));
+    for (int32_t id : s.tokens) {
+      if (id < 0 || id >= config_.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat(where, "token id ", id,
+                                                       " outside the vocabulary [0, ",
+                                                       config_.vocab_size, ")"));
+      }
+    }
+    const int64_t end = static_cast<int64_t>(s.start_pos) + static_cast<int64_t>(s.tokens.size());
+    if (s.start_pos < 0 || end > cache_.max_model_len) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "positions [", s.start_pos, ", ", end,
+                                                     ") exceed the model length ",
+                                                     cache_.max_model_len));
+    }
+    if (s.state_slot < 0 || s.state_slot >= cache_.num_slots) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "state slot ", s.state_slot,
+                                                     " outside [0, ", cache_.num_slots, ")"));
+    }
+    if (slot_used[s.state_slot]) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "state slot ", s.state_slot,
+                                                     " is used by another sequence of the step"));
+    }
+    slot_used[s.state_slot] = true;
+    if (needs_blocks) {
+      const int64_t need = (end + cache_.block_size - 1) / cache_.block_size;
+      if (static_cast<int64_t>(s.block_table.size()) < need ||
+          static_cast<int64_t>(s.block_table.size()) > max_blocks_per_seq_) {
+        return absl::InvalidArgumentError(absl::StrCat(where, "block table has ",
+                                                       s.block_table.size(), " blocks; positions < ",
+                                                       end, " need ", need));
+      }
+      for (int64_t b = 0; b < need; ++b) {
+        if (s.block_table[b] < 0 || s.block_table[b] >= cache_.num_blocks) {
+          return absl::InvalidArgumentError(absl::StrCat(where, "block ", s.block_table[b],
+                                                         " outside [0, ", cache_.num_blocks, ")"));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Dsv4Model::Step(std::span<const SequenceStep> seqs, const StepOptions& options,
+                             StepLogits* out) {
+  RETURN_IF_ERROR(ValidateStep(seqs));
+  StepMeta& m = meta_;
+  m = StepMeta{};
+  m.num_seqs = static_cast<int32_t>(seqs.size());
+  m.block_size = cache_.block_size;
+  m.block_stride = max_blocks_per_seq_;
+  m.force_indexer_scoring = options.force_indexer_scoring;
+  m.block_table.assign(static_cast<size_t>(m.num_seqs) * m.block_stride, -1);
+  out->vocab = config_.vocab_size;
+  out->seq_row_begin.assign(1, 0);
+  for (int32_t s = 0; s < m.num_seqs; ++s) {
+    const SequenceStep& seq = seqs[s];
+    m.seq_begin.push_back(static_cast<int32_t>(m.token_ids.size()));
+    m.seq_start_pos.push_back(seq.start_pos);
+    m.state_slot.push_back(seq.state_slot);
+    std::copy(seq.block_table.begin(), seq.block_table.end(),
+              m.block_table.begin() + static_cast<int64_t>(s) * m.block_stride);
+    const int32_t first = static_cast<int32_t>(m.token_ids.size());
+    for (size_t i = 0; i < seq.tokens.size(); ++i) {
+      m.token_ids.push_back(seq.tokens[i]);
+      m.positions.push_back(seq.start_pos + static_cast<int32_t>(i));
+      m.token_seq.push_back(s);
+    }
+    const int32_t last = static_cast<int32_t>(m.token_ids.size()) - 1;
+    if (seq.logits == SequenceStep::Logits::kLast) {
+      m.logit_rows.push_back(last);
+    } else if (seq.logits == SequenceStep::Logits::kAll) {
+      for (int32_t t = first; t <= last; ++t) m.logit_rows.push_back(t);
+    }
+    out->seq_row_begin.push_back(static_cast<int32_t>(m.logit_rows.size()));
+  }
+  m.seq_begin.push_back(static_cast<int32_t>(m.token_ids.size()));
+  m.num_tokens = static_cast<int32_t>(m.token_ids.size());
+  RETURN_IF_ERROR(backend_->BeginStep(m));
+  return Forward(out);
+}
+
+absl::Status Dsv4Model::Forward(StepLogits* out) {
+  Backend& be = *backend_;
+  const ModelConfig& c = config_;
+  const Weights& w = *weights_;
+  const int64_t T = meta_.num_tokens, D = c.hidden_size, n = c.hc_mult;
+  HcParams hc;
+  hc.hc_mult = n;
+  hc.sinkhorn_iters = c.hc_sinkhorn_iters;
+  hc.hc_eps = static_cast<float>(c.hc_eps);
+  hc.norm_eps = static_cast<float>(c.rms_norm_eps);
+  const RmsNormParams norm{static_cast<float>(c.rms_norm_eps)};
+
+  ASSIGN_OR_RETURN(Tensor x, be.Scratch(DType::kF32, Shape{T, D}));
+  RETURN_IF_ERROR(be.Embed(w.embed, x));
+  ASSIGN_OR_RETURN(Tensor hs, be.Scratch(DType::kF32, Shape{T, n, D}));
+  ASSIGN_OR_RETURN(Tensor hs2, be.Scratch(DType::kF32, Shape{T, n, D}));
+  RETURN_IF_ERROR(be.HcExpand(x, hs));
+  ASSIGN_OR_RETURN(Tensor collapsed, be.Scratch(DType::kF32, Shape{T, D}));
+  ASSIGN_OR_RETURN(Tensor normed, be.Scratch(DType::kF32, Shape{T, D}));
+  ASSIGN_OR_RETURN(Tensor block_out, be.Scratch(DType::kF32, Shape{T, D}));
+  ASSIGN_OR_RETURN(Tensor post, be.Scratch(DType::kF32, Shape{T, n}));
+  ASSIGN_OR_RETURN(Tensor comb, be.Scratch(DType::kF32, Shape{T, n, n}));
+
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& lw = w.layers[l];
+    // Attention sub-block: Hs' = post ⊗ Attn(norm(collapse(Hs))) + Cᵀ·Hs.
+    RETURN_IF_ERROR(be.HcPre(hs, lw.attn_hc.fn, lw.attn_hc.base, lw.attn_hc.scale, hc, collapsed,
+                             post, comb));
+    RETURN_IF_ERROR(be.RmsNorm(collapsed, lw.attn_norm, norm, normed));
+    RETURN_IF_ERROR_CTX(AttentionBlock(l, normed, block_out), absl::StrCat("layer ", l, " attention"));
+    RETURN_IF_ERROR(be.HcPost(hs, block_out, post, comb, hs2));
+    // MoE sub-block.
+    RETURN_IF_ERROR(be.HcPre(hs2, lw.ffn_hc.fn, lw.ffn_hc.base, lw.ffn_hc.scale, hc, collapsed,
+                             post, comb));
+    RETURN_IF_ERROR(be.RmsNorm(collapsed, lw.ffn_norm, norm, normed));
+    RETURN_IF_ERROR_CTX(MoeBlock(l, normed, block_out), absl::StrCat("layer ", l, " moe"));
+    RETURN_IF_ERROR(be.HcPost(hs2, block_out, post, comb, hs));
+  }
+
+  const int64_t R = static_cast<int64_t>(meta_.logit_rows.size());
+  out->values.assign(static_cast<size_t>(R * c.vocab_size), 0.0f);
+  if (R == 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(Tensor rows, be.Scratch(DType::kF32, Shape{R, n, D}));
+  // Only the rows whose logits are wanted go through the head.
+  RETURN_IF_ERROR(be.GatherLogitRows(hs.View(Shape{T, n * D}), rows.View(Shape{R, n * D})));
+  ASSIGN_OR_RETURN(Tensor y, be.Scratch(DType::kF32, Shape{R, D}));
+  RETURN_IF_ERROR(be.HcHead(rows, w.hc_head.fn, w.hc_head.base, w.hc_head.scale, hc, y));
+  RETURN_IF_ERROR(be.RmsNorm(y, w.norm, norm, y));
+  ASSIGN_OR_RETURN(Tensor logits, be.Scratch(DType::kF32, Shape{R, c.vocab_size}));
+  RETURN_IF_ERROR(be.Linear(y, w.head, logits));
+  return be.CopyToHost(logits, out->values.data());
+}
+
+absl::Status Dsv4Model::AttentionBlock(int64_t l, const Tensor& x, Tensor out) {
+  Backend& be = *backend_;
+  const ModelConfig& c = config_;
+  const LayerWeights& lw = weights_->layers[l];
+  LayerCache& cache = caches_[l];
+  const int64_t T = meta_.num_tokens, H = c.num_heads, hd = c.head_dim;
+  const AttnType type = c.layer_types[l];
+  const RmsNormParams norm{static_cast<float>(c.rms_norm_eps)};
+  RopeParams rope;
+  rope.rope_dims = c.rope_dims;
+  rope.inv_freq = type == AttnType::kSliding ? weights_->main_inv_freq : weights_->compress_inv_freq;
+
+  // Query: LoRA down, q_a_norm (cq is shared with the indexer), up, per-head unweighted norm, RoPE.
+  ASSIGN_OR_RETURN(Tensor cq, be.Scratch(DType::kF32, Shape{T, c.q_lora_rank}));
+  RETURN_IF_ERROR(be.Linear(x, lw.q_a_proj, cq));
+  RETURN_IF_ERROR(be.RmsNorm(cq, lw.q_a_norm, norm, cq));
+  ASSIGN_OR_RETURN(Tensor q, be.Scratch(DType::kF32, Shape{T, H, hd}));
+  RETURN_IF_ERROR(be.Linear(cq, lw.q_b_proj, q.View(Shape{T, H * hd})));
+  RETURN_IF_ERROR(be.RmsNorm(q, Tensor{}, norm, q));
+  RETURN_IF_ERROR(be.Rope(q, rope));
+  // The single K=V latent.
+  ASSIGN_OR_RETURN(Tensor kv, be.Scratch(DType::kF32, Shape{T, hd}));
+  RETURN_IF_ERROR(be.Linear(x, lw.kv_proj, kv));
+  RETURN_IF_ERROR(be.RmsNorm(kv, lw.kv_norm, norm, kv));
+  RETURN_IF_ERROR(be.Rope(kv.View(Shape{T, 1, hd}), rope));
+
+  const int64_t ratio = c.Ratio(l);
+  Tensor selected;
+  if (ratio > 0) {
+    RopeParams crope;
+    crope.rope_dims = c.rope_dims;
+    crope.inv_freq = weights_->compress_inv_freq;
+    auto compress = [&](const CompressorWeights& cw, int64_t overlap, int64_t d, Tensor state,
+                        Tensor entries) -> absl::Status {
+      ASSIGN_OR_RETURN(Tensor a, be.Scratch(DType::kF32, Shape{T, overlap * d}));
+      ASSIGN_OR_RETURN(Tensor z, be.Scratch(DType::kF32, Shape{T, overlap * d}));
+      RETURN_IF_ERROR(be.Linear(x, cw.kv_proj, a));
+      RETURN_IF_ERROR(be.Linear(x, cw.gate_proj, z));
+      CompressParams p;
+      p.ratio = ratio;
+      p.overlap = overlap;
+      p.dim = d;
+      p.position_bias = cw.position_bias;
+      p.norm_weight = cw.kv_norm;
+      p.norm_eps = static_cast<float>(c.rms_norm_eps);
+      p.rope = crope;
+      return be.Compress(p, a, z, state, entries);
+    };
+    const bool csa = type == AttnType::kCsa;
+    RETURN_IF_ERROR(compress(lw.compressor, csa ? 2 : 1, hd, cache.comp_state, cache.entries));
+    if (csa) {
+      const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
+      RETURN_IF_ERROR(compress(lw.index_compressor, 2, dI, cache.index_state, cache.index_keys));
+      ASSIGN_OR_RETURN(Tensor qi, be.Scratch(DType::kF32, Shape{T, nI, dI}));
+      RETURN_IF_ERROR(be.Linear(cq, lw.index_q_b_proj, qi.View(Shape{T, nI * dI})));
+      RETURN_IF_ERROR(be.Rope(qi, crope));
+      ASSIGN_OR_RETURN(Tensor wi, be.Scratch(DType::kF32, Shape{T, nI}));
+      RETURN_IF_ERROR(be.Linear(x, lw.index_weights_proj, wi));
+      IndexerParams ip;
+      ip.ratio = ratio;
+      ip.topk = c.index_topk;
+      ip.weight_scale = 1.0f / std::sqrt(static_cast<float>(nI));
+      ip.score_scale = 1.0f / std::sqrt(static_cast<float>(dI));
+      ASSIGN_OR_RETURN(selected, be.Scratch(DType::kI32, Shape{T, c.index_topk}));
+      RETURN_IF_ERROR(be.IndexerTopK(ip, qi, wi, cache.index_keys, selected));
+    }
+  }
+
+  AttentionParams ap;
+  ap.window = c.sliding_window;
+  ap.ratio = ratio;
+  ap.dense_compressed = type == AttnType::kHca;
+  ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  ASSIGN_OR_RETURN(Tensor o, be.Scratch(DType::kF32, Shape{T, H, hd}));
+  RETURN_IF_ERROR(be.Attention(ap, q, kv, cache.ring, cache.entries, selected, lw.sinks, o));
+  RETURN_IF_ERROR(be.RingWrite(kv, cache.ring));
+
+  // Inverse RoPE on every head, then the grouped output projection.
+  RopeParams inverse = rope;
+  inverse.inverse = true;
+  RETURN_IF_ERROR(be.Rope(o, inverse));
+  ASSIGN_OR_RETURN(Tensor grouped, be.Scratch(DType::kF32, Shape{T, c.o_groups * c.o_lora_rank}));
+  RETURN_IF_ERROR(be.GroupedLinear(o.View(Shape{T, H * hd}), lw.o_a_proj, c.o_groups, grouped));
+  return be.Linear(grouped, lw.o_b_proj, out);
+}
+
+absl::Status Dsv4Model::MoeBlock(int64_t l, const Tensor& u, Tensor out) {
+  Backend& be = *backend_;
+  const ModelConfig& c = config_;
+  const LayerWeights& lw = weights_->layers[l];
+  const int64_t T = meta_.num_tokens, E = c.n_routed_experts, K = c.num_experts_per_tok;
+  const int64_t I = c.moe_intermediate_size, D = c.hidden_size;
+  ASSIGN_OR_RETURN(Tensor logits, be.Scratch(DType::kF32, Shape{T, E}));
+  RETURN_IF_ERROR(be.Linear(u, lw.gate, logits));
+  RouterParams rp;
+  rp.top_k = K;
+  rp.routed_scale = static_cast<float>(c.routed_scaling_factor);
+  rp.hash = c.mlp_types[l] == MlpType::kHashMoe;
+  ASSIGN_OR_RETURN(Tensor idx, be.Scratch(DType::kI32, Shape{T, K}));
+  ASSIGN_OR_RETURN(Tensor weights, be.Scratch(DType::kF32, Shape{T, K}));
+  RETURN_IF_ERROR(be.Route(rp, logits, lw.gate_bias, lw.tid2eid, idx, weights));
+  const float limit = static_cast<float>(c.swiglu_limit);
+  RETURN_IF_ERROR(be.MoeExperts(u, idx, weights, lw.experts_gate_up, lw.experts_down, limit, out));
+  // Shared expert, same clamped SwiGLU.
+  ASSIGN_OR_RETURN(Tensor gu, be.Scratch(DType::kF32, Shape{T, 2 * I}));
+  RETURN_IF_ERROR(be.Linear(u, lw.shared_gate_up, gu));
+  ASSIGN_OR_RETURN(Tensor h, be.Scratch(DType::kF32, Shape{T, I}));
+  RETURN_IF_ERROR(be.SwiGlu(gu, limit, h));
+  ASSIGN_OR_RETURN(Tensor shared, be.Scratch(DType::kF32, Shape{T, D}));
+  RETURN_IF_ERROR(be.Linear(h, lw.shared_down, shared));
+  return be.Add(out, shared, out);
+}
+
+}  // namespace dsv4

@@ -1,0 +1,101 @@
+// Dsv4Model: the DeepSeek-V4 forward pass (dsv4-model.md §2–§10), written once over the Backend
+// op seam. It owns the weights and the paged state pools on its backend and runs ragged steps:
+// many sequences, each with a prefill chunk or one decode token at its own position.
+//
+// State (dsv4-model.md §11): two paged pools.
+//   * Context pool, `num_blocks` blocks of `block_size` tokens, addressed by each sequence's
+//     block table: compressed K=V entries of every CSA/HCA layer (block_size/m per block) and
+//     the CSA indexer keys.
+//   * State pool, `num_slots` slots, one per live sequence (its one-page block table): the
+//     sliding-window ring (W x hd per layer) and every compressor's open-window and overlap state.
+// The block and slot allocators belong to the caller (the coordinator's block manager). State
+// needs no reset between sequences: a sequence starting at position 0 never reads stale data.
+//
+// Not thread-safe: one thread drives one model.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model_config.h"
+#include "worker/model/backend.h"
+#include "worker/model/safetensors.h"
+
+namespace dsv4 {
+
+struct CacheConfig {
+  int32_t block_size = 0;          // tokens per context block; 0 = DefaultBlockSize(config)
+  int32_t num_blocks = 0;          // context-pool blocks
+  int32_t num_slots = 0;           // state-pool slots (max concurrent sequences)
+  int32_t max_model_len = 0;       // 0 = max_position_embeddings
+};
+
+// Smallest multiple of every compression ratio in use that is >= 64.
+int32_t DefaultBlockSize(const ModelConfig& config);
+
+// One sequence's work in a step.
+struct SequenceStep {
+  std::span<const int32_t> tokens;        // new tokens: a prefill chunk or one decode token
+  int32_t start_pos = 0;                  // tokens already processed for this sequence
+  int32_t state_slot = 0;
+  std::span<const int32_t> block_table;   // covers positions [0, start_pos + tokens.size())
+  enum class Logits { kNone, kLast, kAll } logits = Logits::kLast;
+};
+
+struct StepOptions {
+  // Score the lightning indexer even when every visible candidate fits in top-k.
+  bool force_indexer_scoring = false;
+};
+
+struct StepLogits {
+  int64_t vocab = 0;
+  std::vector<float> values;          // [rows, vocab]
+  std::vector<int32_t> seq_row_begin; // [S+1] rows of each sequence
+  std::span<const float> Row(int64_t r) const {
+    return {values.data() + r * vocab, static_cast<size_t>(vocab)};
+  }
+};
+
+class Dsv4Model {
+ public:
+  // Loads weights from `ckpt` onto `backend` and allocates the state pools.
+  static absl::StatusOr<std::unique_ptr<Dsv4Model>> Load(const ModelConfig& config,
+                                                         const Checkpoint& ckpt,
+                                                         std::unique_ptr<Backend> backend,
+                                                         const CacheConfig& cache);
+  ~Dsv4Model();
+
+  // Runs one ragged step. Validates the batch first (token ids, positions, slots, block tables)
+  // and returns InvalidArgument naming the problem without touching any state.
+  absl::Status Step(std::span<const SequenceStep> seqs, const StepOptions& options,
+                    StepLogits* out);
+
+  const ModelConfig& config() const { return config_; }
+  const CacheConfig& cache() const { return cache_; }
+  int32_t max_blocks_per_seq() const { return max_blocks_per_seq_; }
+  Backend& backend() { return *backend_; }
+
+  struct Weights;
+  struct LayerCache;
+
+ private:
+  Dsv4Model() = default;
+  absl::Status ValidateStep(std::span<const SequenceStep> seqs) const;
+  absl::Status Forward(StepLogits* out);
+  absl::Status AttentionBlock(int64_t layer, const Tensor& x, Tensor out);
+  absl::Status MoeBlock(int64_t layer, const Tensor& u, Tensor out);
+
+  ModelConfig config_;
+  CacheConfig cache_;
+  int32_t max_blocks_per_seq_ = 0;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Weights> weights_;
+  std::vector<LayerCache> caches_;
+  StepMeta meta_;
+};
+
+}  // namespace dsv4

@@ -1,0 +1,48 @@
+// WeightSource: reads checkpoint tensors by canonical name (tensor_names.h), checks their shapes
+// and converts them to host fp32/int32 for Backend::CreateWeight.
+//
+// Precision seam: F32, BF16 and F16 convert directly. FP8 e4m3 weights with a block scale
+// (`<weight>_scale_inv`, fp32 or UE8M0, one per 128x128 block by default) and MXFP4 experts
+// (I8/U8 packed nibbles, low nibble = even column, with a UE8M0 scale per 32 columns) are
+// dequantised here on the host. A GPU backend that keeps quantised weights will take them before
+// this conversion.
+#pragma once
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/model/safetensors.h"
+#include "worker/model/tensor.h"
+
+namespace dsv4 {
+
+class WeightSource {
+ public:
+  // Indexes `ckpt` (which must outlive this object) by canonical name. Two checkpoint tensors
+  // that map to one canonical name are an error.
+  static absl::StatusOr<WeightSource> Create(const Checkpoint* ckpt,
+                                             std::vector<int64_t> fp8_block = {128, 128});
+
+  bool Has(const std::string& canonical) const { return index_.count(canonical) > 0; }
+  // Loads `canonical` as fp32 with exactly `shape`; errors name the tensor.
+  absl::StatusOr<HostTensor> F32(const std::string& canonical, Shape shape);
+  // Loads an integer tensor (I64 or I32) as int32 with exactly `shape`.
+  absl::StatusOr<HostTensor> I32(const std::string& canonical, Shape shape);
+  // Checkpoint tensors never loaded (excluding ignored MTP tensors), by original name.
+  std::vector<std::string> Unused() const;
+  int ignored() const { return ignored_; }
+
+ private:
+  const TensorInfo* Lookup(const std::string& canonical);
+
+  const Checkpoint* ckpt_ = nullptr;
+  std::vector<int64_t> fp8_block_;
+  std::map<std::string, const TensorInfo*> index_;
+  std::set<std::string> used_;
+  int ignored_ = 0;
+};
+
+}  // namespace dsv4
