@@ -1,0 +1,57 @@
+// dsv4-node: one executable with subcommands.
+//   check-golden DIR   compare the engine with a transformers fixture
+//   generate           generate tokens from prompt ids
+//   bench              CPU prefill/decode throughput of a model
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "common/log.h"
+#include "node/cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"dsv4-node: a serving node for DeepSeek-V4 models"};
+  app.require_subcommand(1);
+  std::string log_level = "info";
+  bool log_json = false;
+  app.add_option("--log-level", log_level, "debug|info|warning|error")
+      ->check(CLI::IsMember({"debug", "info", "warning", "error"}));
+  app.add_flag("--log-json", log_json, "structured logs as JSON lines");
+  std::vector<std::pair<CLI::App*, std::unique_ptr<dsv4::cli::Command>>> commands;
+  auto add = [&](auto factory, const char* name, const char* help) {
+    CLI::App* sub = app.add_subcommand(name, help);
+    sub->fallthrough();  // global flags (--log-level, ...) may follow the subcommand
+    commands.emplace_back(sub, factory(*sub));
+  };
+  add(dsv4::cli::AddCheckGolden, "check-golden",
+      "run every prompt of a fixture directory and compare with the reference logits");
+  add(dsv4::cli::AddGenerate, "generate", "generate tokens from prompt token ids");
+  add(dsv4::cli::AddBench, "bench", "measure CPU prefill and decode throughput");
+  // A mistyped command gets named rather than "a subcommand is required".
+  auto known = [&](const char* word) {
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      if (sub->get_name() == word) return true;
+    }
+    return false;
+  };
+  if (argc > 1 && argv[1][0] != '-' && !known(argv[1])) {
+    std::fprintf(stderr, "error: unknown command '%s' (commands: check-golden, generate, bench; "
+                 "see --help)\n", argv[1]);
+    return 2;
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  dsv4::LogLevel level;
+  dsv4::ParseLogLevel(log_level, &level);
+  dsv4::SetLogLevel(level);
+  dsv4::SetLogJson(log_json);
+  for (auto& [sub, command] : commands) {
+    if (sub->parsed()) return command->Run();
+  }
+  return 2;
+}
