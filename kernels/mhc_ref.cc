@@ -100,10 +100,12 @@ void HcPostRef(const HcShape& s, const float* hs, const float* f, const float* p
     float* o = out + t * n * d_model;
     for (int64_t k = 0; k < n; ++k) {
       const float pk = post[t * n + k];
-      for (int64_t d = 0; d < d_model; ++d) {
-        float acc = pk * ft[d];
-        for (int64_t j = 0; j < n; ++j) acc += c[j * n + k] * h[j * d_model + d];
-        o[k * d_model + d] = acc;
+      float* ok = o + k * d_model;
+      for (int64_t d = 0; d < d_model; ++d) ok[d] = pk * ft[d];
+      for (int64_t j = 0; j < n; ++j) {
+        const float cjk = c[j * n + k];
+        const float* hj = h + j * d_model;
+        for (int64_t d = 0; d < d_model; ++d) ok[d] += cjk * hj[d];
       }
     }
   }
