@@ -87,7 +87,7 @@ TEST_P(CompressorRef, MatchesTheFormulaWhateverTheChunking) {
     for (auto& x : *v) x = u(rng);
   }
   const int64_t per_block = block_size / s.ratio;
-  for (const std::vector<int> chunks : {std::vector<int>{19}, std::vector<int>{1, 5, 3, 10},
+  for (const std::vector<int>& chunks : {std::vector<int>{19}, std::vector<int>{1, 5, 3, 10},
                                         std::vector<int>(19, 1)}) {
     std::vector<float> state(CompressorStateFloats(s), 0.0f);
     std::vector<float> entries(blocks * per_block * s.dim, std::nanf(""));
