@@ -1,0 +1,75 @@
+// StepPlan / StepResult: what the coordinator sends to every worker rank each step, and what
+// rank 0 returns. Plain structs shared by the in-process workers and, later, the control-plane
+// proto mapping. The coordinator makes every host-side decision (batch, chunking, graph choice);
+// workers execute the plan verbatim, so all ranks stay identical.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dsv4 {
+
+// Per-request sampling parameters (validated by the coordinator).
+struct SamplingSpec {
+  float temperature = 0;          // 0 = greedy
+  int32_t top_k = 0;              // 0 = off
+  float top_p = 1;                // (0, 1]
+  float min_p = 0;                // [0, 1]
+  uint64_t seed = 0;              // random stream of the request: draws depend on (seed, index)
+  float repetition_penalty = 1;   // > 0; 1 = off (prompt + output tokens)
+  float presence_penalty = 0;     // output tokens
+  float frequency_penalty = 0;    // output tokens
+  int32_t min_tokens = 0;         // mask `min_tokens_mask` until this many outputs exist
+  std::vector<int32_t> min_tokens_mask;  // end-of-sequence and stop token ids
+  int32_t logprobs = 0;           // top-n alternatives to return (0 = none)
+};
+
+struct ScheduledSeq {
+  uint64_t request_id = 0;
+  std::vector<int32_t> tokens;     // this step's tokens: a prefill chunk or one decode token
+  int32_t start_pos = 0;           // tokens already in the cache; 0 = a fresh sequence
+  int32_t state_slot = 0;
+  std::vector<int32_t> block_table;
+  bool sample = false;             // the chunk reaches the end of the known tokens: sample one
+  int32_t prompt_len = 0;          // positions >= prompt_len hold generated tokens
+  int32_t output_index = 0;        // index of the token to sample among the outputs
+  std::shared_ptr<const SamplingSpec> sampling;
+};
+
+enum class GraphMode { kEager, kPiecewise, kFull };
+inline const char* GraphModeName(GraphMode m) {
+  return m == GraphMode::kFull ? "full" : m == GraphMode::kPiecewise ? "piecewise" : "eager";
+}
+
+struct StepPlan {
+  uint64_t step_id = 0;
+  std::vector<ScheduledSeq> seqs;
+  std::vector<uint64_t> released;  // requests whose worker-side state can be dropped
+  GraphMode graph_mode = GraphMode::kEager;
+  int32_t padded_tokens = 0;       // graph capture size (0 = unpadded)
+  bool force_indexer_scoring = false;
+
+  int64_t num_tokens() const {
+    int64_t n = 0;
+    for (const auto& s : seqs) n += static_cast<int64_t>(s.tokens.size());
+    return n;
+  }
+};
+
+struct SampledToken {
+  uint64_t request_id = 0;
+  int32_t token = 0;
+  float logprob = 0;                              // when sampling->logprobs > 0
+  std::vector<std::pair<int32_t, float>> top;     // top-n (token, logprob), most likely first
+};
+
+struct StepResult {
+  uint64_t step_id = 0;
+  std::vector<SampledToken> sampled;  // one per ScheduledSeq with sample = true, in plan order
+  double execute_seconds = 0;
+};
+
+}  // namespace dsv4

@@ -1,0 +1,163 @@
+#include "node/scheduler/scheduler.h"
+
+#include <algorithm>
+
+namespace dsv4 {
+
+Scheduler::Scheduler(SchedulerConfig config, KvBlockManager* kv) : config_(config), kv_(kv) {
+  config_.max_num_seqs = std::min(config_.max_num_seqs, kv_->num_slots());
+}
+
+void Scheduler::Add(SchedRequest request) {
+  const uint64_t id = request.id;
+  Req& r = reqs_[id];
+  r.r = std::move(request);
+  r.arrival = next_arrival_++;
+  waiting_.push_back(id);
+}
+
+void Scheduler::InsertWaiting(Req* r) {
+  auto it = std::find_if(waiting_.begin(), waiting_.end(),
+                         [&](uint64_t id) { return reqs_.at(id).arrival > r->arrival; });
+  waiting_.insert(it, r->r.id);
+}
+
+void Scheduler::Preempt(Req* r) {
+  kv_->Release(&r->kv);
+  r->computed = 0;
+  r->running = false;
+  ++r->preemptions;
+  running_.erase(std::find(running_.begin(), running_.end(), r->r.id));
+  InsertWaiting(r);
+  releases_.push_back(r->r.id);
+}
+
+ScheduledSeq Scheduler::Emit(Req* r, int32_t n) const {
+  ScheduledSeq s;
+  s.request_id = r->r.id;
+  s.tokens.reserve(n);
+  for (int32_t i = 0; i < n; ++i) s.tokens.push_back(r->Token(r->computed + i));
+  s.start_pos = r->computed;
+  s.state_slot = r->kv.slot;
+  s.block_table = r->kv.blocks;
+  s.sample = r->computed + n == r->known();
+  s.prompt_len = static_cast<int32_t>(r->r.prompt.size());
+  s.output_index = static_cast<int32_t>(r->output.size());
+  s.sampling = r->r.sampling;
+  return s;
+}
+
+StepPlan Scheduler::Schedule(std::vector<uint64_t>* preempted) {
+  StepPlan plan;
+  plan.step_id = next_step_++;
+  int64_t budget = config_.max_batched_tokens;
+  std::vector<uint64_t> scheduled;
+  auto is_scheduled = [&](uint64_t id) {
+    return std::find(scheduled.begin(), scheduled.end(), id) != scheduled.end();
+  };
+  const int64_t chunk_cap =
+      config_.max_prefill_chunk > 0 ? config_.max_prefill_chunk : config_.max_batched_tokens;
+
+  // 1. Decodes, oldest first; preempt the newest when KV runs out.
+  const std::vector<uint64_t> order = running_;
+  for (uint64_t id : order) {
+    if (budget < 1) break;
+    auto it = reqs_.find(id);
+    if (it == reqs_.end() || !it->second.running) continue;  // preempted above
+    Req& r = it->second;
+    if (r.known() - r.computed != 1) continue;
+    bool ok = kv_->Reserve(&r.kv, r.computed + 1);
+    while (!ok) {
+      uint64_t victim = id;
+      for (auto v = running_.rbegin(); v != running_.rend(); ++v) {
+        if (*v != id && !is_scheduled(*v)) {
+          victim = *v;
+          break;
+        }
+      }
+      Preempt(&reqs_.at(victim));
+      if (preempted != nullptr) preempted->push_back(victim);
+      if (victim == id) break;
+      ok = kv_->Reserve(&r.kv, r.computed + 1);
+    }
+    if (!ok) continue;
+    plan.seqs.push_back(Emit(&r, 1));
+    scheduled.push_back(id);
+    budget -= 1;
+  }
+
+  // 2. Chunked prefills already running.
+  for (uint64_t id : running_) {
+    if (budget < 1) break;
+    Req& r = reqs_.at(id);
+    const int64_t remaining = r.known() - r.computed;
+    if (remaining <= 1 || is_scheduled(id)) continue;
+    const int32_t n = static_cast<int32_t>(std::min({remaining, budget, chunk_cap}));
+    if (!kv_->Reserve(&r.kv, r.computed + n)) continue;
+    plan.seqs.push_back(Emit(&r, n));
+    scheduled.push_back(id);
+    budget -= n;
+  }
+
+  // 3. Admit waiting requests in arrival order.
+  while (!waiting_.empty() && budget > 0 &&
+         static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
+    Req& r = reqs_.at(waiting_.front());
+    const int64_t remaining = r.known() - r.computed;
+    const int32_t n = static_cast<int32_t>(std::min({remaining, budget, chunk_cap}));
+    if (!kv_->CanAdmit(r.computed + n)) break;
+    kv_->AcquireSlot(&r.kv);
+    kv_->Reserve(&r.kv, r.computed + n);
+    waiting_.pop_front();
+    r.running = true;
+    auto pos = std::find_if(running_.begin(), running_.end(),
+                            [&](uint64_t id) { return reqs_.at(id).arrival > r.arrival; });
+    running_.insert(pos, r.r.id);
+    plan.seqs.push_back(Emit(&r, n));
+    scheduled.push_back(r.r.id);
+    budget -= n;
+  }
+  plan.released = std::move(releases_);
+  releases_.clear();
+  return plan;
+}
+
+void Scheduler::Commit(const StepPlan& plan) {
+  for (const ScheduledSeq& s : plan.seqs) {
+    auto it = reqs_.find(s.request_id);
+    if (it == reqs_.end() || !it->second.running) continue;
+    it->second.computed = s.start_pos + static_cast<int32_t>(s.tokens.size());
+  }
+}
+
+void Scheduler::AppendToken(uint64_t id, int32_t token) {
+  auto it = reqs_.find(id);
+  if (it != reqs_.end()) it->second.output.push_back(token);
+}
+
+bool Scheduler::Remove(uint64_t id) {
+  auto it = reqs_.find(id);
+  if (it == reqs_.end()) return false;
+  Req& r = it->second;
+  kv_->Release(&r.kv);
+  if (r.running) {
+    running_.erase(std::find(running_.begin(), running_.end(), id));
+  } else {
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
+  }
+  releases_.push_back(id);
+  reqs_.erase(it);
+  return true;
+}
+
+const std::vector<int32_t>* Scheduler::Output(uint64_t id) const {
+  auto it = reqs_.find(id);
+  return it == reqs_.end() ? nullptr : &it->second.output;
+}
+
+int32_t Scheduler::Preemptions(uint64_t id) const {
+  auto it = reqs_.find(id);
+  return it == reqs_.end() ? 0 : it->second.preemptions;
+}
+
+}  // namespace dsv4

@@ -1,0 +1,90 @@
+// Scheduler: continuous batching over a per-step token budget. Deterministic, CPU-only, no
+// clock, no threads: the engine loop (and the tests' simulated step loop) drive it.
+//
+// Each step, in this order:
+//   1. decode priority: every running request with one token to feed gets it, in arrival order;
+//      when its KV cannot grow, the latest-arriving running requests are preempted (recompute:
+//      their KV is dropped and they re-prefill prompt + generated tokens later);
+//   2. running requests in the middle of a chunked prefill continue, up to the budget;
+//   3. waiting requests are admitted first come, first served while a state slot, KV blocks and
+//      budget are available; admission stops at the first that does not fit (no overtaking).
+// Prefill chunks are capped by the budget and by max_prefill_chunk.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "common/step_plan.h"
+#include "node/scheduler/kv_block_manager.h"
+
+namespace dsv4 {
+
+struct SchedulerConfig {
+  int32_t max_num_seqs = 64;          // running requests (<= the workers' state slots)
+  int32_t max_batched_tokens = 2048;  // tokens per step
+  int32_t max_prefill_chunk = 0;      // 0 = only the budget limits a chunk
+};
+
+struct SchedRequest {
+  uint64_t id = 0;
+  std::vector<int32_t> prompt;
+  std::shared_ptr<const SamplingSpec> sampling;
+};
+
+class Scheduler {
+ public:
+  Scheduler(SchedulerConfig config, KvBlockManager* kv);
+
+  // Queues a new request (waiting).
+  void Add(SchedRequest request);
+  // Builds the next step. Requests preempted while building it are appended to `preempted`.
+  StepPlan Schedule(std::vector<uint64_t>* preempted);
+  // Records that the worker ran `plan`: the scheduled tokens are now cached.
+  void Commit(const StepPlan& plan);
+  // A sampled token the request keeps: it is fed in a later step.
+  void AppendToken(uint64_t id, int32_t token);
+  // Drops a request (finished, aborted or failed) and frees its KV; its worker state is released
+  // with the next plan. False if unknown.
+  bool Remove(uint64_t id);
+
+  bool Has(uint64_t id) const { return reqs_.count(id) > 0; }
+  size_t num_running() const { return running_.size(); }
+  size_t num_waiting() const { return waiting_.size(); }
+  bool idle() const { return reqs_.empty() && releases_.empty(); }
+  const KvBlockManager& kv() const { return *kv_; }
+  // Generated tokens so far (for tests and recompute).
+  const std::vector<int32_t>* Output(uint64_t id) const;
+  int32_t Preemptions(uint64_t id) const;
+
+ private:
+  struct Req {
+    SchedRequest r;
+    uint64_t arrival = 0;
+    std::vector<int32_t> output;
+    int32_t computed = 0;  // tokens with KV in the cache
+    KvAllocation kv;
+    bool running = false;
+    int32_t preemptions = 0;
+    int64_t known() const { return static_cast<int64_t>(r.prompt.size() + output.size()); }
+    int32_t Token(int64_t i) const {
+      return i < static_cast<int64_t>(r.prompt.size()) ? r.prompt[i] : output[i - r.prompt.size()];
+    }
+  };
+  void Preempt(Req* r);
+  void InsertWaiting(Req* r);
+  ScheduledSeq Emit(Req* r, int32_t n) const;
+
+  SchedulerConfig config_;
+  KvBlockManager* kv_;
+  std::map<uint64_t, Req> reqs_;
+  std::vector<uint64_t> running_;   // arrival order
+  std::deque<uint64_t> waiting_;    // arrival order
+  std::vector<uint64_t> releases_;
+  uint64_t next_arrival_ = 0;
+  uint64_t next_step_ = 0;
+};
+
+}  // namespace dsv4

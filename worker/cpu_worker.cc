@@ -1,0 +1,111 @@
+#include "worker/cpu_worker.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "kernels/penalties_ref.h"
+#include "kernels/sampling_ref.h"
+
+namespace dsv4 {
+
+SampledToken SampleToken(std::span<float> logits, const SamplingSpec& spec, int32_t output_index,
+                         const std::unordered_map<int32_t, int32_t>& seen,
+                         const std::unordered_map<int32_t, int32_t>& outputs) {
+  SampledToken out;
+  // Log-probabilities are those of the raw model distribution.
+  double lse = 0;
+  std::vector<float> raw;
+  if (spec.logprobs > 0) raw.assign(logits.begin(), logits.end());
+  ApplyPenaltiesRef(logits, seen, outputs, spec.repetition_penalty, spec.presence_penalty,
+                    spec.frequency_penalty);
+  if (output_index < spec.min_tokens) {
+    for (int32_t id : spec.min_tokens_mask) {
+      if (id >= 0 && id < static_cast<int32_t>(logits.size())) {
+        logits[id] = -std::numeric_limits<float>::infinity();
+      }
+    }
+  }
+  SamplingParams p;
+  p.temperature = spec.temperature;
+  p.top_k = spec.top_k;
+  p.top_p = spec.top_p;
+  p.min_p = spec.min_p;
+  p.seed = spec.seed;
+  out.token = SampleRef(logits, p, static_cast<uint64_t>(output_index));
+  if (spec.logprobs > 0) {
+    out.logprob = LogSoftmaxAt(raw, out.token, &lse);
+    std::vector<int32_t> order(raw.size());
+    std::iota(order.begin(), order.end(), 0);
+    const size_t n = std::min<size_t>(spec.logprobs, raw.size());
+    std::partial_sort(order.begin(), order.begin() + n, order.end(), [&](int32_t a, int32_t b) {
+      return raw[a] > raw[b] || (raw[a] == raw[b] && a < b);
+    });
+    for (size_t i = 0; i < n; ++i) out.top.emplace_back(order[i], LogSoftmaxAt(raw, order[i], &lse));
+  }
+  return out;
+}
+
+CpuWorker::CpuWorker(std::unique_ptr<Dsv4Model> model, std::string device)
+    : model_(std::move(model)), device_(std::move(device)) {}
+
+WorkerInfo CpuWorker::info() const {
+  WorkerInfo w;
+  w.device = device_;
+  w.num_blocks = model_->cache().num_blocks;
+  w.num_slots = model_->cache().num_slots;
+  w.block_size = model_->cache().block_size;
+  w.max_model_len = model_->cache().max_model_len;
+  return w;
+}
+
+absl::StatusOr<StepResult> CpuWorker::Execute(const StepPlan& plan) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (uint64_t id : plan.released) history_.erase(id);
+  StepResult result;
+  result.step_id = plan.step_id;
+  if (plan.seqs.empty()) return result;
+  std::vector<SequenceStep> steps;
+  steps.reserve(plan.seqs.size());
+  for (const ScheduledSeq& s : plan.seqs) {
+    if (s.sample && s.sampling == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("request ", s.request_id, " has no sampling spec"));
+    }
+    SequenceStep step;
+    step.tokens = s.tokens;
+    step.start_pos = s.start_pos;
+    step.state_slot = s.state_slot;
+    step.block_table = s.block_table;
+    step.logits = s.sample ? SequenceStep::Logits::kLast : SequenceStep::Logits::kNone;
+    steps.push_back(step);
+  }
+  StepOptions options;
+  options.force_indexer_scoring = plan.force_indexer_scoring;
+  StepLogits logits;
+  RETURN_IF_ERROR(model_->Step(steps, options, &logits));
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& s = plan.seqs[i];
+    History& h = history_[s.request_id];
+    if (s.start_pos == 0) h = History{};
+    for (size_t k = 0; k < s.tokens.size(); ++k) {
+      ++h.seen[s.tokens[k]];
+      if (s.start_pos + static_cast<int32_t>(k) >= s.prompt_len) ++h.outputs[s.tokens[k]];
+    }
+    if (!s.sample) continue;
+    const int32_t row = logits.seq_row_begin[i];
+    std::span<float> l(logits.values.data() + static_cast<int64_t>(row) * logits.vocab,
+                       static_cast<size_t>(logits.vocab));
+    SampledToken t = SampleToken(l, *s.sampling, s.output_index, h.seen, h.outputs);
+    t.request_id = s.request_id;
+    result.sampled.push_back(std::move(t));
+  }
+  result.execute_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return result;
+}
+
+}  // namespace dsv4
