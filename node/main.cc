@@ -2,6 +2,8 @@
 //   check-golden DIR   compare the engine with a transformers fixture
 //   generate           generate tokens from prompt ids
 //   bench              CPU prefill/decode throughput of a model
+//   serve              the serving node (gRPC + Prometheus)
+//   client             stream one generation from a running node
 #include <cstdio>
 #include <memory>
 #include <vector>
@@ -29,6 +31,8 @@ int main(int argc, char** argv) {
       "run every prompt of a fixture directory and compare with the reference logits");
   add(dsv4::cli::AddGenerate, "generate", "generate tokens from prompt token ids");
   add(dsv4::cli::AddBench, "bench", "measure CPU prefill and decode throughput");
+  add(dsv4::cli::AddServe, "serve", "run the serving node (gRPC + Prometheus)");
+  add(dsv4::cli::AddClient, "client", "stream one generation from a running node");
   // A mistyped command gets named rather than "a subcommand is required".
   auto known = [&](const char* word) {
     for (const CLI::App* sub : app.get_subcommands({})) {
@@ -37,7 +41,7 @@ int main(int argc, char** argv) {
     return false;
   };
   if (argc > 1 && argv[1][0] != '-' && !known(argv[1])) {
-    std::fprintf(stderr, "error: unknown command '%s' (commands: check-golden, generate, bench; "
+    std::fprintf(stderr, "error: unknown command '%s' (commands: serve, client, check-golden, generate, bench; "
                  "see --help)\n", argv[1]);
     return 2;
   }

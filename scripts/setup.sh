@@ -12,7 +12,13 @@ PACKAGES=(
   libopenblas-dev nlohmann-json3-dev libcli11-dev libabsl-dev libpcre2-dev
   libgtest-dev libgmock-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler prometheus-cpp-dev
+  # test tools: promtool (and a Prometheus server for the end-to-end tests)
+  prometheus curl
 )
+# Node.js runs the independent gRPC client tests; use the machine's node when it has one.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  PACKAGES+=(nodejs npm)
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -21,18 +27,24 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "setup: all ${#PACKAGES[@]} packages present"
-  exit 0
-fi
-
 SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
+if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" -ne 0 ]; then
   if command -v sudo >/dev/null; then SUDO="sudo"; else
     echo "setup: need root (or sudo) to install: ${missing[*]}" >&2
     exit 1
   fi
 fi
-echo "setup: installing ${missing[*]}"
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#PACKAGES[@]} packages present"
+else
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# npm packages of the Node.js test client (pinned by tests/node_client/package-lock.json).
+cd "$(dirname "$0")/../tests/node_client"
+if [ ! -d node_modules ] || [ package-lock.json -nt node_modules ]; then
+  npm ci --no-audit --no-fund --loglevel=error
+  touch node_modules
+fi

@@ -16,5 +16,7 @@ class Command {
 std::unique_ptr<Command> AddCheckGolden(CLI::App& app);
 std::unique_ptr<Command> AddGenerate(CLI::App& app);
 std::unique_ptr<Command> AddBench(CLI::App& app);
+std::unique_ptr<Command> AddServe(CLI::App& app);
+std::unique_ptr<Command> AddClient(CLI::App& app);
 
 }  // namespace dsv4::cli

@@ -58,7 +58,26 @@ StepPlan Scheduler::Schedule(std::vector<uint64_t>* preempted) {
   const int64_t chunk_cap =
       config_.max_prefill_chunk > 0 ? config_.max_prefill_chunk : config_.max_batched_tokens;
 
-  // 1. Decodes, oldest first; preempt the newest when KV runs out.
+  // Grows r's KV to `tokens`, preempting the newest running requests not yet in this step when
+  // blocks run out; the oldest request always wins, so the system makes progress. False when r
+  // itself had to be preempted.
+  auto reserve = [&](Req& r, int64_t tokens) {
+    while (!kv_->Reserve(&r.kv, tokens)) {
+      uint64_t victim = r.r.id;
+      for (auto v = running_.rbegin(); v != running_.rend(); ++v) {
+        if (*v != r.r.id && !is_scheduled(*v) && reqs_.at(*v).arrival > r.arrival) {
+          victim = *v;
+          break;
+        }
+      }
+      Preempt(&reqs_.at(victim));
+      if (preempted != nullptr) preempted->push_back(victim);
+      if (victim == r.r.id) return false;
+    }
+    return true;
+  };
+
+  // 1. Decodes, oldest first.
   const std::vector<uint64_t> order = running_;
   for (uint64_t id : order) {
     if (budget < 1) break;
@@ -66,34 +85,22 @@ StepPlan Scheduler::Schedule(std::vector<uint64_t>* preempted) {
     if (it == reqs_.end() || !it->second.running) continue;  // preempted above
     Req& r = it->second;
     if (r.known() - r.computed != 1) continue;
-    bool ok = kv_->Reserve(&r.kv, r.computed + 1);
-    while (!ok) {
-      uint64_t victim = id;
-      for (auto v = running_.rbegin(); v != running_.rend(); ++v) {
-        if (*v != id && !is_scheduled(*v)) {
-          victim = *v;
-          break;
-        }
-      }
-      Preempt(&reqs_.at(victim));
-      if (preempted != nullptr) preempted->push_back(victim);
-      if (victim == id) break;
-      ok = kv_->Reserve(&r.kv, r.computed + 1);
-    }
-    if (!ok) continue;
+    if (!reserve(r, r.computed + 1)) continue;
     plan.seqs.push_back(Emit(&r, 1));
     scheduled.push_back(id);
     budget -= 1;
   }
 
   // 2. Chunked prefills already running.
-  for (uint64_t id : running_) {
+  for (uint64_t id : std::vector<uint64_t>(running_)) {
     if (budget < 1) break;
-    Req& r = reqs_.at(id);
+    auto it = reqs_.find(id);
+    if (it == reqs_.end() || !it->second.running || is_scheduled(id)) continue;
+    Req& r = it->second;
     const int64_t remaining = r.known() - r.computed;
-    if (remaining <= 1 || is_scheduled(id)) continue;
+    if (remaining <= 1) continue;
     const int32_t n = static_cast<int32_t>(std::min({remaining, budget, chunk_cap}));
-    if (!kv_->Reserve(&r.kv, r.computed + n)) continue;
+    if (!reserve(r, r.computed + n)) continue;
     plan.seqs.push_back(Emit(&r, n));
     scheduled.push_back(id);
     budget -= n;

@@ -173,6 +173,19 @@ TEST(Scheduler, RecomputeReplaysPromptAndOutputs) {
   EXPECT_EQ(sim.outputs_[2].size(), 5u);
 }
 
+TEST(Scheduler, ChunkedPrefillsThatDoNotFitTogetherStillFinish) {
+  // 6 blocks of 4 tokens; two 14-token prompts prefilled 4 tokens a step cannot both hold their
+  // KV: the newer one is preempted instead of both waiting forever.
+  SimLoop sim(6, 2, 4, SchedulerConfig{2, 8, 4});
+  sim.Add(1, 14, 2);
+  sim.Add(2, 14, 2);
+  sim.RunToCompletion(200);
+  EXPECT_EQ(sim.outputs_[1].size(), 2u);
+  EXPECT_EQ(sim.outputs_[2].size(), 2u);
+  EXPECT_FALSE(sim.preempted_.empty());
+  EXPECT_EQ(sim.preempted_.front(), 2u);
+}
+
 TEST(Scheduler, RemoveFreesKvAndReleasesWorkerState) {
   SimLoop sim(16, 4, 4, SchedulerConfig{4, 64, 0});
   sim.Add(1, 10, 100);

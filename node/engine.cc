@@ -1,0 +1,374 @@
+#include "node/engine.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+
+namespace dsv4 {
+namespace {
+
+double Seconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+v1::FinishReason ToProto(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop: return v1::STOP;
+    case FinishReason::kLength: return v1::LENGTH;
+    case FinishReason::kCancelled: return v1::CANCELLED;
+    case FinishReason::kError: return v1::ERROR;
+    case FinishReason::kRepetition: return v1::REPETITION;
+  }
+  return v1::ERROR;
+}
+
+v1::Phase ToProto(Phase p) { return p == Phase::kReasoning ? v1::PHASE_REASONING : v1::PHASE_CONTENT; }
+v1::Channel ToChannel(Phase p) {
+  return p == Phase::kReasoning ? v1::CHANNEL_REASONING : v1::CHANNEL_CONTENT;
+}
+
+}  // namespace
+
+Engine::Engine(EngineConfig config, std::unique_ptr<Worker> worker, const Tokenizer* tokenizer,
+               NodeMetrics* metrics)
+    : config_(config),
+      worker_(std::move(worker)),
+      worker_info_(worker_->info()),
+      tokenizer_(tokenizer),
+      metrics_(metrics),
+      kv_(worker_info_.num_blocks, worker_info_.num_slots, worker_info_.block_size),
+      scheduler_(config.scheduler, &kv_) {
+  stats_.total_blocks = worker_info_.num_blocks;
+  stats_.free_blocks = worker_info_.num_blocks;
+  stats_.free_slots = worker_info_.num_slots;
+}
+
+Engine::~Engine() { Stop(); }
+
+void Engine::Start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (thread_.joinable() || stop_) return;
+  thread_ = std::thread([this] { Loop(); });
+}
+
+absl::StatusOr<std::string> Engine::Submit(ValidatedRequest request,
+                                           std::shared_ptr<RequestSink> sink) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_ || draining_) {
+    if (metrics_) metrics_->Rejected("draining").Increment();
+    return absl::UnavailableError("the node is draining and accepts no new requests");
+  }
+  // Waiting = in flight but not running (running is refreshed every step, so this errs towards
+  // refusing slightly early, never late).
+  if (stats_.in_flight - stats_.running >= config_.max_waiting) {
+    if (metrics_) metrics_->Rejected("queue_full").Increment();
+    return absl::ResourceExhaustedError(absl::StrCat("the request queue is full (",
+                                                     config_.max_waiting, " waiting)"));
+  }
+  const uint64_t id = next_id_++;
+  std::string name = request.request_id.empty() ? absl::StrCat("req-", id) : request.request_id;
+  if (names_.count(name) > 0) {
+    return absl::AlreadyExistsError(absl::StrCat("request_id: \"", name, "\" is already in flight"));
+  }
+  names_[name] = id;
+  ++stats_.in_flight;
+  inbox_.push_back(Pending{std::move(request), std::move(sink), name, Clock::now()});
+  cv_.notify_one();
+  return name;
+}
+
+bool Engine::Abort(const std::string& request_id, const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (names_.count(request_id) == 0) return false;
+  aborts_.emplace_back(request_id, reason);
+  cv_.notify_one();
+  return true;
+}
+
+void Engine::BeginDrain() {
+  std::lock_guard<std::mutex> lock(mu_);
+  draining_ = true;
+}
+
+bool Engine::draining() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return draining_;
+}
+
+bool Engine::WaitIdle(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return idle_cv_.wait_for(lock, timeout, [&] { return stats_.in_flight == 0; });
+}
+
+void Engine::CancelAll(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [name, id] : names_) aborts_.emplace_back(name, reason);
+  cv_.notify_one();
+}
+
+void Engine::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    cv_.notify_one();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void Engine::Loop() {
+  while (true) {
+    std::deque<Pending> inbox;
+    std::vector<std::pair<std::string, std::string>> aborts;
+    bool stop;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      const bool busy = !scheduler_.idle();
+      cv_.wait(lock, [&] { return stop_ || busy || !inbox_.empty() || !aborts_.empty(); });
+      inbox.swap(inbox_);
+      aborts.swap(aborts_);
+      stop = stop_;
+    }
+    for (Pending& p : inbox) Admit(std::move(p));
+    for (const auto& [name, reason] : aborts) {
+      uint64_t id = 0;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = names_.find(name);
+        if (it == names_.end()) continue;
+        id = it->second;
+      }
+      auto it = live_.find(id);
+      if (it == live_.end()) continue;
+      Live& r = it->second;
+      const Phase phase = r.processor->phase();
+      std::string tail = r.processor->Flush();
+      Finish(&r, FinishReason::kCancelled, StopInfo{}, reason, std::move(tail), "", phase);
+    }
+    if (stop) {
+      std::vector<uint64_t> ids;
+      for (const auto& [id, r] : live_) ids.push_back(id);
+      for (uint64_t id : ids) {
+        Live& r = live_.at(id);
+        const Phase phase = r.processor->phase();
+        Finish(&r, FinishReason::kCancelled, StopInfo{}, "the node stopped", r.processor->Flush(),
+               "", phase);
+      }
+      PublishStats();
+      return;
+    }
+    const bool progressed = !scheduler_.idle() && RunStep();
+    PublishStats();
+    if (!progressed && !scheduler_.idle()) {
+      // Nothing fits right now (should not persist: admission checks the KV capacity); wait
+      // for new work instead of spinning.
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(1),
+                   [&] { return stop_ || !inbox_.empty() || !aborts_.empty(); });
+    }
+  }
+}
+
+void Engine::Admit(Pending p) {
+  Live r;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    r.id = names_.at(p.name);
+  }
+  r.name = p.name;
+  r.sink = std::move(p.sink);
+  r.prompt_tokens = static_cast<int32_t>(p.request.prompt.size());
+  r.logprobs = p.request.sampling->logprobs;
+  r.arrival = p.arrival;
+  r.processor = std::make_unique<OutputProcessor>(tokenizer_, p.request.output);
+  r.metrics = p.request.internal ? nullptr : metrics_;
+  if (r.metrics) {
+    metrics_->prompt_tokens->Increment(r.prompt_tokens);
+    metrics_->request_prompt_tokens->Observe(r.prompt_tokens);
+  }
+  SchedRequest s;
+  s.id = r.id;
+  s.prompt = std::move(p.request.prompt);
+  s.sampling = std::move(p.request.sampling);
+  scheduler_.Add(std::move(s));
+  live_.emplace(r.id, std::move(r));
+}
+
+bool Engine::RunStep() {
+  const auto t0 = Clock::now();
+  std::vector<uint64_t> preempted;
+  StepPlan plan = scheduler_.Schedule(&preempted);
+  plan.force_indexer_scoring = config_.force_indexer_scoring;
+  preemptions_ += preempted.size();
+  if (metrics_ && !preempted.empty()) metrics_->preemptions->Increment(static_cast<double>(preempted.size()));
+  if (plan.seqs.empty() && plan.released.empty()) return false;
+  for (const ScheduledSeq& s : plan.seqs) {
+    Live& r = live_.at(s.request_id);
+    if (!r.scheduled) {
+      r.scheduled = true;
+      r.first_scheduled = t0;
+      if (r.metrics) r.metrics->queue_time->Observe(Seconds(t0 - r.arrival));
+    }
+  }
+  auto result = worker_->Execute(plan);
+  if (!result.ok()) {
+    LogError("worker_step_failed", {{"step", static_cast<int64_t>(plan.step_id)},
+                                    {"error", std::string(result.status().message())}});
+    if (metrics_) {
+      metrics_->worker_errors->Increment();
+      metrics_->worker_up->Set(0);
+    }
+    std::vector<uint64_t> ids;
+    for (const ScheduledSeq& s : plan.seqs) ids.push_back(s.request_id);
+    FailAll(ids, result.status());
+    return true;
+  }
+  if (metrics_) metrics_->worker_up->Set(1);
+  scheduler_.Commit(plan);
+  const auto now = Clock::now();
+  for (const SampledToken& t : result->sampled) {
+    auto it = live_.find(t.request_id);
+    if (it == live_.end()) continue;
+    Live& r = it->second;
+    const TokenOutcome out = r.processor->OnToken(t.token);
+    if (NodeMetrics* m = r.metrics) {
+      m->generation_tokens->Increment();
+      if (out.channel == Phase::kReasoning) m->reasoning_tokens->Increment();
+      if (out.repetition_detected_now) m->repetition_detected->Increment();
+      if (r.has_token) {
+        m->itl->Observe(Seconds(now - r.last_token));
+      } else {
+        m->ttft->Observe(Seconds(now - r.arrival));
+      }
+    }
+    if (!r.has_token) r.first_token = now;
+    r.has_token = true;
+    r.last_token = now;
+    r.repetition |= out.repetition_detected_now;
+    v1::GenerateResponse resp;
+    resp.set_request_id(r.name);
+    v1::Chunk* chunk = resp.mutable_chunk();
+    chunk->add_token_ids(t.token);
+    chunk->set_text(out.text);
+    chunk->set_channel(ToChannel(out.channel));
+    if (r.logprobs > 0) {
+      v1::TokenLogprob* lp = chunk->add_logprobs();
+      lp->set_token_id(t.token);
+      lp->set_logprob(t.logprob);
+      for (const auto& [id, logprob] : t.top) {
+        v1::TopLogprob* top = lp->add_top();
+        top->set_token_id(id);
+        top->set_logprob(logprob);
+      }
+    }
+    r.sink->Emit(std::move(resp), /*last=*/false);
+    if (out.finished) {
+      Finish(&r, out.reason, out.stop, "", "", out.discarded_text, out.channel);
+    } else {
+      scheduler_.AppendToken(r.id, t.token);
+    }
+  }
+  if (metrics_) {
+    metrics_->StepDuration(GraphModeName(plan.graph_mode)).Observe(Seconds(Clock::now() - t0));
+    metrics_->step_batch_tokens->Observe(static_cast<double>(plan.num_tokens()));
+  }
+  return true;
+}
+
+void Engine::Finish(Live* r, FinishReason reason, const StopInfo& stop, const std::string& message,
+                    std::string tail_text, std::string discarded, Phase tail_channel) {
+  const auto now = Clock::now();
+  if (!tail_text.empty()) {
+    v1::GenerateResponse chunk;
+    chunk.set_request_id(r->name);
+    chunk.mutable_chunk()->set_text(tail_text);
+    chunk.mutable_chunk()->set_channel(ToChannel(tail_channel));
+    r->sink->Emit(std::move(chunk), false);
+  }
+  const Phase phase = r->processor->phase();
+  v1::GenerateResponse resp;
+  resp.set_request_id(r->name);
+  v1::Finished* f = resp.mutable_finished();
+  f->set_finish_reason(ToProto(reason));
+  f->set_phase_at_finish(ToProto(phase));
+  switch (stop.kind) {
+    case StopInfo::Kind::kEos: f->mutable_stop_match()->set_eos_token_id(stop.token); break;
+    case StopInfo::Kind::kStopToken: f->mutable_stop_match()->set_stop_token_id(stop.token); break;
+    case StopInfo::Kind::kStopString: f->mutable_stop_match()->set_stop_string(stop.text); break;
+    case StopInfo::Kind::kNone: break;
+  }
+  v1::Usage* u = f->mutable_usage();
+  u->set_prompt_tokens(r->prompt_tokens);
+  u->set_completion_tokens(r->processor->completion_tokens());
+  u->set_reasoning_tokens(r->processor->reasoning_tokens());
+  u->set_cached_prompt_tokens(0);
+  v1::Timings* tm = f->mutable_timings();
+  tm->set_queue_seconds(r->scheduled ? Seconds(r->first_scheduled - r->arrival) : Seconds(now - r->arrival));
+  tm->set_time_to_first_token_seconds(r->has_token ? Seconds(r->first_token - r->arrival) : 0);
+  tm->set_e2e_seconds(Seconds(now - r->arrival));
+  tm->set_preemptions(scheduler_.Preemptions(r->id));
+  f->set_message(message);
+  f->set_repetition_detected(r->repetition);
+  f->set_discarded_text(discarded);
+  if (NodeMetrics* m = r->metrics) {
+    m->Finished(reason, phase).Increment();
+    const bool runaway = reason == FinishReason::kLength &&
+                         (phase == Phase::kReasoning || r->processor->content_text_bytes() == 0);
+    if (runaway) m->runaways->Increment();
+    m->e2e->Observe(Seconds(now - r->arrival));
+    m->request_reasoning_tokens->Observe(r->processor->reasoning_tokens());
+    m->request_content_tokens->Observe(r->processor->content_tokens());
+  }
+  r->sink->Emit(std::move(resp), /*last=*/true);
+  scheduler_.Remove(r->id);
+  const std::string name = r->name;
+  live_.erase(r->id);
+  std::lock_guard<std::mutex> lock(mu_);
+  names_.erase(name);
+  --stats_.in_flight;
+  idle_cv_.notify_all();
+}
+
+void Engine::FailAll(const std::vector<uint64_t>& ids, const absl::Status& status) {
+  for (uint64_t id : ids) {
+    auto it = live_.find(id);
+    if (it == live_.end()) continue;
+    Live& r = it->second;
+    v1::GenerateResponse resp;
+    resp.set_request_id(r.name);
+    resp.mutable_error()->set_code(static_cast<int>(status.code()));
+    resp.mutable_error()->set_message(std::string(status.message()));
+    if (r.metrics) r.metrics->Finished(FinishReason::kError, r.processor->phase()).Increment();
+    r.sink->Emit(std::move(resp), /*last=*/true);
+    scheduler_.Remove(id);
+    const std::string name = r.name;
+    live_.erase(it);
+    std::lock_guard<std::mutex> lock(mu_);
+    names_.erase(name);
+    --stats_.in_flight;
+    idle_cv_.notify_all();
+  }
+}
+
+void Engine::PublishStats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.running = static_cast<int32_t>(scheduler_.num_running());
+  stats_.waiting = static_cast<int32_t>(scheduler_.num_waiting());
+  stats_.free_blocks = kv_.free_blocks();
+  stats_.free_slots = kv_.free_slots();
+  stats_.kv_usage = kv_.usage();
+  stats_.preemptions = preemptions_;
+  ++stats_.steps;
+  if (metrics_) {
+    metrics_->running->Set(stats_.running);
+    metrics_->waiting->Set(stats_.waiting + static_cast<double>(inbox_.size()));
+    metrics_->kv_usage->Set(stats_.kv_usage);
+  }
+}
+
+}  // namespace dsv4

@@ -1,0 +1,142 @@
+// Engine: the coordinator's step loop. One thread owns the scheduler, the worker and every
+// request's output processing; other threads only submit, abort and read stats.
+//
+//   submit ─▶ inbox ─┐                     ┌─▶ OutputProcessor ─▶ RequestSink (gRPC reactor)
+//   abort  ─▶ aborts ┴▶ Scheduler ─▶ StepPlan ─▶ Worker ─▶ StepResult
+//
+// A request gets exactly one final event (finished or error) through its sink. Aborted requests
+// leave the scheduler (and free their KV) at the start of the next step. Thread-safe API.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "dsv4/v1/dsv4.pb.h"
+#include "node/metrics.h"
+#include "node/output_processor.h"
+#include "node/request_validation.h"
+#include "node/scheduler/scheduler.h"
+#include "node/tokenizer/tokenizer.h"
+#include "worker/worker.h"
+
+namespace dsv4 {
+
+// Receives one request's responses, on the engine thread. `last` marks the final one.
+class RequestSink {
+ public:
+  virtual ~RequestSink() = default;
+  virtual void Emit(v1::GenerateResponse response, bool last) = 0;
+};
+
+struct EngineConfig {
+  SchedulerConfig scheduler;
+  int32_t max_waiting = 256;           // queued (not yet running) requests; more = RESOURCE_EXHAUSTED
+  bool force_indexer_scoring = false;  // passed to every step
+};
+
+struct EngineStats {
+  int32_t running = 0;
+  int32_t waiting = 0;
+  int32_t in_flight = 0;  // submitted and not finished
+  int32_t free_blocks = 0;
+  int32_t total_blocks = 0;
+  int32_t free_slots = 0;
+  double kv_usage = 0;
+  uint64_t steps = 0;
+  uint64_t preemptions = 0;
+};
+
+class Engine {
+ public:
+  Engine(EngineConfig config, std::unique_ptr<Worker> worker, const Tokenizer* tokenizer,
+         NodeMetrics* metrics);
+  ~Engine();
+
+  void Start();
+  // Queues a validated request. Returns its id (client-given or assigned). RESOURCE_EXHAUSTED
+  // when the queue is full, UNAVAILABLE while draining or stopped, ALREADY_EXISTS for an id in
+  // flight.
+  absl::StatusOr<std::string> Submit(ValidatedRequest request, std::shared_ptr<RequestSink> sink);
+  // Cancels a request (finish reason CANCELLED). False if the id is not in flight.
+  bool Abort(const std::string& request_id, const std::string& reason = "aborted");
+  // Stops accepting new requests (they get UNAVAILABLE); in-flight ones continue.
+  void BeginDrain();
+  bool draining() const;
+  // Waits until nothing is in flight; false on timeout.
+  bool WaitIdle(std::chrono::milliseconds timeout);
+  // Cancels everything in flight.
+  void CancelAll(const std::string& reason);
+  // Stops the loop thread (in-flight requests are cancelled first).
+  void Stop();
+
+  EngineStats stats() const;
+  const WorkerInfo& worker_info() const { return worker_info_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Live {
+    uint64_t id = 0;
+    std::string name;
+    std::shared_ptr<RequestSink> sink;
+    std::unique_ptr<OutputProcessor> processor;
+    int32_t prompt_tokens = 0;
+    int32_t logprobs = 0;
+    Clock::time_point arrival, first_scheduled, first_token, last_token;
+    bool scheduled = false;
+    bool has_token = false;
+    bool repetition = false;
+    NodeMetrics* metrics = nullptr;  // null for internal requests
+  };
+  struct Pending {
+    ValidatedRequest request;
+    std::shared_ptr<RequestSink> sink;
+    std::string name;
+    Clock::time_point arrival;
+  };
+
+  void Loop();
+  void Admit(Pending p);
+  // Returns false when nothing could be scheduled.
+  bool RunStep();
+  // Emits the final event and drops the request everywhere.
+  void Finish(Live* r, FinishReason reason, const StopInfo& stop, const std::string& message,
+              std::string tail_text, std::string discarded, Phase tail_channel);
+  void FailAll(const std::vector<uint64_t>& ids, const absl::Status& status);
+  void PublishStats();
+
+  EngineConfig config_;
+  std::unique_ptr<Worker> worker_;
+  WorkerInfo worker_info_;
+  const Tokenizer* tokenizer_;
+  NodeMetrics* metrics_;
+  KvBlockManager kv_;
+  Scheduler scheduler_;
+
+  // Engine-thread state.
+  std::map<uint64_t, Live> live_;
+  uint64_t preemptions_ = 0;
+
+  // Shared state.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::condition_variable idle_cv_;
+  std::deque<Pending> inbox_;
+  std::vector<std::pair<std::string, std::string>> aborts_;
+  std::map<std::string, uint64_t> names_;  // request id -> internal id, for every request in flight
+  uint64_t next_id_ = 1;
+  bool draining_ = false;
+  bool stop_ = false;
+  EngineStats stats_;
+  std::thread thread_;
+};
+
+}  // namespace dsv4

@@ -1,0 +1,134 @@
+#include "node/metrics.h"
+
+#include <prometheus/exposer.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace dsv4 {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+using prometheus::Histogram;
+
+Histogram::BucketBoundaries LatencyBuckets() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+          1.0,   2.5,    5.0,   7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+}
+
+Histogram::BucketBoundaries TokenBuckets() {
+  Histogram::BucketBoundaries b;
+  for (double decade = 1; decade <= 1e5; decade *= 10) {
+    for (double m : {1.0, 2.0, 5.0}) b.push_back(m * decade);
+  }
+  return b;
+}
+
+}  // namespace
+
+NodeMetrics::NodeMetrics(std::shared_ptr<prometheus::Registry> registry)
+    : registry_(std::move(registry)) {
+  auto& reg = *registry_;
+  auto& finished = BuildCounter()
+                       .Name("dsv4_requests_finished_total")
+                       .Help("Finished requests by finish reason and the phase (reasoning or "
+                             "content) they were in when they finished")
+                       .Register(reg);
+  for (int r = 0; r < 5; ++r) {
+    for (int p = 0; p < 2; ++p) {
+      finished_[r][p] = &finished.Add({{"finish_reason", FinishReasonName(static_cast<FinishReason>(r))},
+                                       {"phase_at_finish", PhaseName(static_cast<Phase>(p))}});
+    }
+  }
+  auto counter = [&](const char* name, const char* help) {
+    return &BuildCounter().Name(name).Help(help).Register(reg).Add({});
+  };
+  auto gauge = [&](const char* name, const char* help) {
+    return &BuildGauge().Name(name).Help(help).Register(reg).Add({});
+  };
+  auto histogram = [&](const char* name, const char* help, const Histogram::BucketBoundaries& b) {
+    return &BuildHistogram().Name(name).Help(help).Register(reg).Add({}, b);
+  };
+  runaways = counter("dsv4_length_cap_runaways_total",
+                     "Requests that hit max_tokens while still reasoning or with empty content "
+                     "(the vLLM #52448 signature)");
+  repetition_detected = counter("dsv4_repetition_detected_total",
+                                "Requests whose output the repetition detector flagged");
+  prompt_tokens = counter("dsv4_prompt_tokens_total", "Prompt tokens of admitted requests");
+  generation_tokens = counter("dsv4_generation_tokens_total", "Generated tokens");
+  reasoning_tokens = counter("dsv4_reasoning_tokens_total",
+                             "Generated tokens in the reasoning phase");
+  preemptions = counter("dsv4_preemptions_total",
+                        "Requests preempted (KV dropped, recomputed later) for lack of KV blocks");
+  worker_errors = counter("dsv4_worker_errors_total", "Worker steps that failed");
+  ttft = histogram("dsv4_time_to_first_token_seconds",
+                   "Time from arrival to the first generated token", LatencyBuckets());
+  itl = histogram("dsv4_inter_token_latency_seconds", "Time between consecutive generated tokens",
+                  LatencyBuckets());
+  e2e = histogram("dsv4_e2e_request_latency_seconds", "Time from arrival to finish",
+                  LatencyBuckets());
+  queue_time = histogram("dsv4_request_queue_time_seconds",
+                         "Time from arrival to the first scheduled step", LatencyBuckets());
+  request_prompt_tokens = histogram("dsv4_request_prompt_tokens", "Prompt tokens per request",
+                                    TokenBuckets());
+  request_reasoning_tokens = histogram("dsv4_request_reasoning_tokens",
+                                       "Reasoning-phase tokens per finished request",
+                                       TokenBuckets());
+  request_content_tokens = histogram("dsv4_request_content_tokens",
+                                     "Content-phase tokens per finished request", TokenBuckets());
+  step_batch_tokens = histogram("dsv4_step_batch_tokens", "Tokens per engine step",
+                                TokenBuckets());
+  running = gauge("dsv4_num_requests_running", "Requests being scheduled (holding KV)");
+  waiting = gauge("dsv4_num_requests_waiting", "Requests queued for admission");
+  kv_usage = gauge("dsv4_kv_cache_usage_ratio", "Fraction of KV context blocks in use");
+  ready = gauge("dsv4_node_ready", "1 once the model is loaded and warmed up and the node is not "
+                                   "draining");
+  auto& up = BuildGauge()
+                 .Name("dsv4_worker_up")
+                 .Help("1 while the worker answers steps, 0 after a failure")
+                 .Register(reg);
+  worker_up = &up.Add({{"worker", "0"}});
+  rejected_family_ = &BuildCounter()
+                          .Name("dsv4_requests_rejected_total")
+                          .Help("Requests refused before admission, by reason")
+                          .Register(reg);
+  for (const char* r : {"invalid_argument", "queue_full", "draining", "not_ready"}) Rejected(r);
+  step_family_ = &BuildHistogram()
+                      .Name("dsv4_step_duration_seconds")
+                      .Help("Duration of one engine step (schedule, execute, outputs) by graph mode")
+                      .Register(reg);
+  const Histogram::BucketBoundaries step_buckets = {0.0005, 0.001, 0.002, 0.005, 0.01, 0.02,
+                                                    0.05,   0.1,   0.2,   0.5,   1.0,  2.0, 5.0};
+  step_duration_[0] = &step_family_->Add({{"graph_mode", "eager"}}, step_buckets);
+  step_duration_[1] = &step_family_->Add({{"graph_mode", "piecewise"}}, step_buckets);
+  step_duration_[2] = &step_family_->Add({{"graph_mode", "full"}}, step_buckets);
+}
+
+prometheus::Counter& NodeMetrics::Rejected(const std::string& reason) {
+  return rejected_family_->Add({{"reason", reason}});
+}
+
+prometheus::Histogram& NodeMetrics::StepDuration(const char* graph_mode) {
+  const std::string m = graph_mode;
+  return *step_duration_[m == "full" ? 2 : m == "piecewise" ? 1 : 0];
+}
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
+    const std::string& listen, std::shared_ptr<prometheus::Registry> registry) {
+  std::unique_ptr<MetricsServer> s(new MetricsServer());
+  try {
+    s->exposer_ = std::make_unique<prometheus::Exposer>(listen, /*num_threads=*/2);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("metrics listener on ", listen, ": ", e.what()));
+  }
+  s->exposer_->RegisterCollectable(registry);
+  const auto ports = s->exposer_->GetListeningPorts();
+  if (ports.empty()) return absl::UnavailableError("metrics listener has no port");
+  s->port_ = ports.front();
+  return s;
+}
+
+MetricsServer::~MetricsServer() = default;
+
+}  // namespace dsv4

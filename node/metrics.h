@@ -1,0 +1,79 @@
+// NodeMetrics: every Prometheus family the coordinator exports (architecture.md §6), created once
+// at start-up with help strings; components get resolved handles, so the hot path never looks a
+// metric up by labels. Thread-safe (prometheus-cpp metrics are atomic).
+#pragma once
+
+#include <array>
+#include <memory>
+#include <string>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "absl/status/statusor.h"
+#include "node/output_processor.h"
+
+namespace prometheus {
+class Exposer;
+}
+
+namespace dsv4 {
+
+class NodeMetrics {
+ public:
+  explicit NodeMetrics(std::shared_ptr<prometheus::Registry> registry);
+  const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
+
+  prometheus::Counter& Finished(FinishReason reason, Phase phase) {
+    return *finished_[static_cast<int>(reason)][static_cast<int>(phase)];
+  }
+  prometheus::Counter& Rejected(const std::string& reason);
+  prometheus::Histogram& StepDuration(const char* graph_mode);
+
+  prometheus::Counter* runaways;            // LENGTH while reasoning or with empty content
+  prometheus::Counter* repetition_detected;
+  prometheus::Counter* prompt_tokens;
+  prometheus::Counter* generation_tokens;
+  prometheus::Counter* reasoning_tokens;
+  prometheus::Counter* preemptions;
+  prometheus::Counter* worker_errors;
+  prometheus::Histogram* ttft;
+  prometheus::Histogram* itl;
+  prometheus::Histogram* e2e;
+  prometheus::Histogram* queue_time;
+  prometheus::Histogram* request_prompt_tokens;
+  prometheus::Histogram* request_reasoning_tokens;
+  prometheus::Histogram* request_content_tokens;
+  prometheus::Histogram* step_batch_tokens;
+  prometheus::Gauge* running;
+  prometheus::Gauge* waiting;
+  prometheus::Gauge* kv_usage;
+  prometheus::Gauge* ready;
+  prometheus::Gauge* worker_up;
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::array<std::array<prometheus::Counter*, 2>, 5> finished_{};
+  prometheus::Family<prometheus::Counter>* rejected_family_;
+  prometheus::Family<prometheus::Histogram>* step_family_;
+  std::array<prometheus::Histogram*, 3> step_duration_{};
+};
+
+// Serves a registry at http://HOST:PORT/metrics on its own threads. "HOST:0" picks a free port.
+class MetricsServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
+      const std::string& listen, std::shared_ptr<prometheus::Registry> registry);
+  ~MetricsServer();
+  int port() const { return port_; }
+
+ private:
+  MetricsServer() = default;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int port_ = 0;
+};
+
+}  // namespace dsv4

@@ -1,0 +1,154 @@
+#include "node/serving_node.h"
+
+#include <future>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "kernels/cpu_gemm.h"
+#include "node/chat_format.h"
+#include "worker/cpu/cpu_backend.h"
+#include "worker/cpu_worker.h"
+#include "worker/model/safetensors.h"
+
+namespace dsv4 {
+namespace {
+
+class PromiseSink final : public RequestSink {
+ public:
+  void Emit(v1::GenerateResponse response, bool last) override {
+    if (last) done_.set_value(std::move(response));
+  }
+  std::future<v1::GenerateResponse> future() { return done_.get_future(); }
+
+ private:
+  std::promise<v1::GenerateResponse> done_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<ServingNode> n(new ServingNode());
+  n->registry_ = std::make_shared<prometheus::Registry>();
+  n->metrics_ = std::make_unique<NodeMetrics>(n->registry_);
+  ASSIGN_OR_RETURN(n->metrics_server_, MetricsServer::Start(o.metrics_listen, n->registry_));
+  n->service_ = std::make_unique<Dsv4Service>(n->metrics_.get());
+  ASSIGN_OR_RETURN(n->grpc_, GrpcServer::Start(o.listen, n->service_.get()));
+  LogInfo("listening", {{"grpc_port", n->grpc_->port()}, {"metrics_port", n->metrics_server_->port()}});
+
+  const std::string tok_path =
+      o.tokenizer_path.empty() ? o.model_dir + "/tokenizer.json" : o.tokenizer_path;
+  ASSIGN_OR_RETURN(n->tokenizer_, Tokenizer::Load(tok_path));
+  ASSIGN_OR_RETURN(ModelConfig mc, LoadModelConfig(o.model_dir + "/config.json"));
+  const int64_t model_len =
+      o.max_model_len > 0 ? o.max_model_len : std::min<int64_t>(mc.max_position_embeddings, 8192);
+  if (model_len > mc.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-model-len ", model_len,
+                                                   " exceeds max_position_embeddings ",
+                                                   mc.max_position_embeddings));
+  }
+  if (n->tokenizer_->vocab_size() > mc.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer ", tok_path, " has ",
+                                                   n->tokenizer_->vocab_size(),
+                                                   " tokens; the model's vocabulary is ",
+                                                   mc.vocab_size));
+  }
+  SetBlasThreads(o.threads);
+  ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(o.model_dir));
+  CacheConfig cache;
+  cache.block_size = o.block_size > 0 ? o.block_size : DefaultBlockSize(mc);
+  cache.num_slots = o.max_num_seqs;
+  cache.max_model_len = static_cast<int32_t>(model_len);
+  const int64_t per_seq = (model_len + cache.block_size - 1) / cache.block_size;
+  cache.num_blocks = o.kv_blocks > 0 ? o.kv_blocks : static_cast<int32_t>(per_seq * o.max_num_seqs);
+  LogInfo("model_loading", {{"dir", o.model_dir}, {"config", mc.Summary()}});
+  ASSIGN_OR_RETURN(auto model, Dsv4Model::Load(mc, *ckpt, std::make_unique<CpuBackend>(), cache));
+
+  NodeLimits& lim = n->runtime_.limits;
+  lim.vocab_size = mc.vocab_size;
+  lim.max_model_len = model->cache().max_model_len;
+  lim.kv_capacity_tokens = static_cast<int64_t>(model->cache().num_blocks) * model->cache().block_size;
+  lim.default_max_tokens = o.default_max_tokens;
+  for (int64_t e : mc.eos_token_ids) lim.eos_token_ids.push_back(static_cast<int32_t>(e));
+  lim.think_start_id = n->tokenizer_->TokenId(kThinkStartText).value_or(-1);
+  lim.think_end_id = n->tokenizer_->TokenId(kThinkEndText).value_or(-1);
+  lim.repetition_mode = o.repetition_mode;
+  lim.repetition = o.repetition;
+  v1::ModelInfo& info = n->runtime_.model_info;
+  info.set_model_path(o.model_dir);
+  info.set_tokenizer_path(tok_path);
+  info.set_vocab_size(mc.vocab_size);
+  info.set_max_model_len(lim.max_model_len);
+  info.set_num_layers(mc.num_layers);
+  info.set_hidden_size(mc.hidden_size);
+  for (AttnType t : mc.layer_types) info.add_layer_types(std::string(AttnTypeName(t)));
+  info.set_bos_token_id(static_cast<int32_t>(mc.bos_token_id));
+  for (int32_t e : lim.eos_token_ids) info.add_eos_token_ids(e);
+  info.set_device("cpu");
+  info.set_max_num_seqs(o.max_num_seqs);
+  info.set_default_max_tokens(o.default_max_tokens);
+  info.set_think_start_token_id(lim.think_start_id);
+  info.set_think_end_token_id(lim.think_end_id);
+
+  EngineConfig ec;
+  ec.scheduler.max_num_seqs = o.max_num_seqs;
+  ec.scheduler.max_batched_tokens = o.max_batched_tokens;
+  ec.scheduler.max_prefill_chunk = o.max_prefill_chunk;
+  ec.max_waiting = o.max_waiting;
+  ec.force_indexer_scoring = o.force_indexer_scoring;
+  n->engine_ = std::make_unique<Engine>(ec, std::make_unique<CpuWorker>(std::move(model)),
+                                        n->tokenizer_.get(), n->metrics_.get());
+  n->engine_->Start();
+  n->runtime_.engine = n->engine_.get();
+  n->runtime_.tokenizer = n->tokenizer_.get();
+
+  // Warm-up: one short request through the whole path before reporting ready.
+  v1::GenerateRequest warm;
+  warm.mutable_token_ids()->add_ids(static_cast<int32_t>(mc.bos_token_id));
+  warm.set_max_tokens(2);
+  warm.set_ignore_eos(true);
+  warm.set_request_id("warmup");
+  ASSIGN_OR_RETURN(ValidatedRequest validated, ValidateRequest(warm, *n->tokenizer_, lim, 0));
+  validated.internal = true;
+  auto sink = std::make_shared<PromiseSink>();
+  auto done = sink->future();
+  RETURN_IF_ERROR(n->engine_->Submit(std::move(validated), sink));
+  const v1::GenerateResponse last = done.get();
+  if (!last.has_finished()) {
+    return absl::InternalError(absl::StrCat("warm-up failed: ", last.error().message()));
+  }
+  n->service_->Attach(&n->runtime_);
+  n->grpc_->SetServing(true);
+  n->metrics_->ready->Set(1);
+  LogInfo("serving",
+          {{"model", o.model_dir},
+           {"load_seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()},
+           {"max_model_len", lim.max_model_len},
+           {"kv_blocks", cache.num_blocks},
+           {"max_num_seqs", o.max_num_seqs}});
+  return n;
+}
+
+ServingNode::~ServingNode() { Shutdown(); }
+
+bool ServingNode::Drain(std::chrono::milliseconds timeout) {
+  if (grpc_) grpc_->SetServing(false);
+  if (metrics_) metrics_->ready->Set(0);
+  if (!engine_) return true;
+  engine_->BeginDrain();
+  if (engine_->WaitIdle(timeout)) return true;
+  LogWarning("drain_timeout", {{"cancelled", engine_->stats().in_flight}});
+  engine_->CancelAll("cancelled: drain timeout");
+  engine_->WaitIdle(std::chrono::seconds(10));
+  return false;
+}
+
+void ServingNode::Shutdown() {
+  if (grpc_) grpc_->Shutdown(std::chrono::milliseconds(2000));
+  grpc_.reset();
+  if (engine_) engine_->Stop();
+  metrics_server_.reset();
+}
+
+}  // namespace dsv4

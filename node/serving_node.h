@@ -1,0 +1,66 @@
+// ServingNode: one coordinator process in single-process mode: metrics and gRPC listeners first
+// (health NOT_SERVING), then tokenizer, model, CPU worker and engine, a warm-up request, and only
+// then SERVING. Used by `dsv4-node serve` and by the end-to-end tests.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "node/engine.h"
+#include "node/metrics.h"
+#include "node/repetition.h"
+#include "node/server/service.h"
+
+namespace dsv4 {
+
+struct NodeOptions {
+  std::string model_dir;            // config.json + safetensors
+  std::string tokenizer_path;       // "" = <model_dir>/tokenizer.json
+  std::string listen = "0.0.0.0:50051";
+  std::string metrics_listen = "0.0.0.0:9464";
+  int64_t max_model_len = 0;        // 0 = min(max_position_embeddings, 8192)
+  int32_t max_num_seqs = 64;
+  int32_t max_batched_tokens = 2048;
+  int32_t max_prefill_chunk = 0;
+  int32_t kv_blocks = 0;            // 0 = max_num_seqs x max_model_len worth
+  int32_t block_size = 0;           // 0 = the model's default
+  int32_t max_waiting = 256;
+  int32_t default_max_tokens = 1024;
+  int threads = 0;                  // BLAS threads
+  bool force_indexer_scoring = false;
+  RepetitionMode repetition_mode = RepetitionMode::kObserve;
+  RepetitionConfig repetition;
+};
+
+class ServingNode {
+ public:
+  static absl::StatusOr<std::unique_ptr<ServingNode>> Start(const NodeOptions& options);
+  ~ServingNode();
+
+  int grpc_port() const { return grpc_->port(); }
+  int metrics_port() const { return metrics_server_->port(); }
+  Engine& engine() { return *engine_; }
+  NodeMetrics& metrics() { return *metrics_; }
+  const ServingRuntime& runtime() const { return runtime_; }
+
+  // Stops accepting (health NOT_SERVING, new calls UNAVAILABLE), waits up to `timeout` for
+  // in-flight requests, then cancels the rest. Returns true when everything finished in time.
+  bool Drain(std::chrono::milliseconds timeout);
+  // Closes the listeners and stops the engine.
+  void Shutdown();
+
+ private:
+  ServingNode() = default;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<NodeMetrics> metrics_;
+  std::unique_ptr<MetricsServer> metrics_server_;
+  std::unique_ptr<Dsv4Service> service_;
+  std::unique_ptr<GrpcServer> grpc_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<Engine> engine_;
+  ServingRuntime runtime_;
+};
+
+}  // namespace dsv4
