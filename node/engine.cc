@@ -324,6 +324,18 @@ void Engine::Finish(Live* r, FinishReason reason, const StopInfo& stop, const st
     m->request_reasoning_tokens->Observe(r->processor->reasoning_tokens());
     m->request_content_tokens->Observe(r->processor->content_tokens());
   }
+  if (r->metrics != nullptr) {
+    LogInfo("request_finished",
+            {{"request_id", r->name},
+             {"finish_reason", FinishReasonName(reason)},
+             {"phase", PhaseName(phase)},
+             {"prompt_tokens", r->prompt_tokens},
+             {"completion_tokens", r->processor->completion_tokens()},
+             {"reasoning_tokens", r->processor->reasoning_tokens()},
+             {"ttft_s", tm->time_to_first_token_seconds()},
+             {"e2e_s", tm->e2e_seconds()},
+             {"preemptions", tm->preemptions()}});
+  }
   r->sink->Emit(std::move(resp), /*last=*/true);
   scheduler_.Remove(r->id);
   const std::string name = r->name;

@@ -4,6 +4,7 @@
 //   bench              CPU prefill/decode throughput of a model
 //   serve              the serving node (gRPC + Prometheus)
 //   client             stream one generation from a running node
+//   loadgen            closed-loop load against a running node
 #include <cstdio>
 #include <memory>
 #include <vector>
@@ -33,6 +34,7 @@ int main(int argc, char** argv) {
   add(dsv4::cli::AddBench, "bench", "measure CPU prefill and decode throughput");
   add(dsv4::cli::AddServe, "serve", "run the serving node (gRPC + Prometheus)");
   add(dsv4::cli::AddClient, "client", "stream one generation from a running node");
+  add(dsv4::cli::AddLoadgen, "loadgen", "closed-loop load against a running node");
   // A mistyped command gets named rather than "a subcommand is required".
   auto known = [&](const char* word) {
     for (const CLI::App* sub : app.get_subcommands({})) {
@@ -41,7 +43,7 @@ int main(int argc, char** argv) {
     return false;
   };
   if (argc > 1 && argv[1][0] != '-' && !known(argv[1])) {
-    std::fprintf(stderr, "error: unknown command '%s' (commands: serve, client, check-golden, generate, bench; "
+    std::fprintf(stderr, "error: unknown command '%s' (commands: serve, client, loadgen, check-golden, generate, bench; "
                  "see --help)\n", argv[1]);
     return 2;
   }

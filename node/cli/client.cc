@@ -45,7 +45,12 @@ class Client final : public Command {
   }
 
   int Run() override {
-    auto channel = grpc::CreateChannel(target_, grpc::InsecureChannelCredentials());
+    grpc::ChannelArguments args;
+    // Reconnect quickly while waiting for a node that is still starting.
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    auto channel = grpc::CreateCustomChannel(target_, grpc::InsecureChannelCredentials(), args);
     if (wait_ready_s_ > 0 && !WaitReady(channel)) {
       std::fprintf(stderr, "error: %s did not become ready within %.0f s\n", target_.c_str(),
                    wait_ready_s_);

@@ -18,5 +18,6 @@ std::unique_ptr<Command> AddGenerate(CLI::App& app);
 std::unique_ptr<Command> AddBench(CLI::App& app);
 std::unique_ptr<Command> AddServe(CLI::App& app);
 std::unique_ptr<Command> AddClient(CLI::App& app);
+std::unique_ptr<Command> AddLoadgen(CLI::App& app);
 
 }  // namespace dsv4::cli

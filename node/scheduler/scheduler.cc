@@ -51,9 +51,11 @@ StepPlan Scheduler::Schedule(std::vector<uint64_t>* preempted) {
   StepPlan plan;
   plan.step_id = next_step_++;
   int64_t budget = config_.max_batched_tokens;
-  std::vector<uint64_t> scheduled;
-  auto is_scheduled = [&](uint64_t id) {
-    return std::find(scheduled.begin(), scheduled.end(), id) != scheduled.end();
+  auto is_scheduled = [&](uint64_t id) { return reqs_.at(id).scheduled_step == plan.step_id; };
+  auto add = [&](Req& r, int32_t n) {
+    plan.seqs.push_back(Emit(&r, n));
+    r.scheduled_step = plan.step_id;
+    budget -= n;
   };
   const int64_t chunk_cap =
       config_.max_prefill_chunk > 0 ? config_.max_prefill_chunk : config_.max_batched_tokens;
@@ -78,6 +80,7 @@ StepPlan Scheduler::Schedule(std::vector<uint64_t>* preempted) {
   };
 
   // 1. Decodes, oldest first.
+  plan.seqs.reserve(running_.size() + waiting_.size());
   const std::vector<uint64_t> order = running_;
   for (uint64_t id : order) {
     if (budget < 1) break;
@@ -86,9 +89,7 @@ StepPlan Scheduler::Schedule(std::vector<uint64_t>* preempted) {
     Req& r = it->second;
     if (r.known() - r.computed != 1) continue;
     if (!reserve(r, r.computed + 1)) continue;
-    plan.seqs.push_back(Emit(&r, 1));
-    scheduled.push_back(id);
-    budget -= 1;
+    add(r, 1);
   }
 
   // 2. Chunked prefills already running.
@@ -101,9 +102,7 @@ StepPlan Scheduler::Schedule(std::vector<uint64_t>* preempted) {
     if (remaining <= 1) continue;
     const int32_t n = static_cast<int32_t>(std::min({remaining, budget, chunk_cap}));
     if (!reserve(r, r.computed + n)) continue;
-    plan.seqs.push_back(Emit(&r, n));
-    scheduled.push_back(id);
-    budget -= n;
+    add(r, n);
   }
 
   // 3. Admit waiting requests in arrival order.
@@ -120,9 +119,7 @@ StepPlan Scheduler::Schedule(std::vector<uint64_t>* preempted) {
     auto pos = std::find_if(running_.begin(), running_.end(),
                             [&](uint64_t id) { return reqs_.at(id).arrival > r.arrival; });
     running_.insert(pos, r.r.id);
-    plan.seqs.push_back(Emit(&r, n));
-    scheduled.push_back(r.r.id);
-    budget -= n;
+    add(r, n);
   }
   plan.released = std::move(releases_);
   releases_.clear();

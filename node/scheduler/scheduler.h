@@ -68,6 +68,7 @@ class Scheduler {
     KvAllocation kv;
     bool running = false;
     int32_t preemptions = 0;
+    uint64_t scheduled_step = ~uint64_t{0};  // the step that last scheduled it
     int64_t known() const { return static_cast<int64_t>(r.prompt.size() + output.size()); }
     int32_t Token(int64_t i) const {
       return i < static_cast<int64_t>(r.prompt.size()) ? r.prompt[i] : output[i - r.prompt.size()];
