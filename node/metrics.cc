@@ -89,6 +89,20 @@ NodeMetrics::NodeMetrics(std::shared_ptr<prometheus::Registry> registry)
                  .Help("1 while the worker answers steps, 0 after a failure")
                  .Register(reg);
   worker_up = &up.Add({{"worker", "0"}});
+  auto& replays = BuildCounter()
+                      .Name("dsv4_cudagraph_replays_total")
+                      .Help("CUDA graph replays by mode (full decode graphs, piecewise segments)")
+                      .Register(reg);
+  graph_replays_full = &replays.Add({{"mode", "full"}});
+  graph_replays_piecewise = &replays.Add({{"mode", "piecewise"}});
+  graph_eager_fallbacks = counter("dsv4_cudagraph_eager_fallbacks_total",
+                                  "Steps that ran eagerly although a graph mode was configured "
+                                  "(no graph for the batch shape, or the kill switch)");
+  graph_capture_failures = counter("dsv4_cudagraph_capture_failures_total",
+                                   "CUDA graph captures that failed");
+  graph_capture_seconds = histogram("dsv4_cudagraph_capture_seconds",
+                                    "Time to capture one CUDA graph",
+                                    {0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60});
   rejected_family_ = &BuildCounter()
                           .Name("dsv4_requests_rejected_total")
                           .Help("Requests refused before admission, by reason")

@@ -53,6 +53,12 @@ class NodeMetrics {
   prometheus::Gauge* kv_usage;
   prometheus::Gauge* ready;
   prometheus::Gauge* worker_up;
+  // CUDA graphs (the GPU worker; zero on the CPU worker, which runs every step eagerly).
+  prometheus::Counter* graph_replays_full;
+  prometheus::Counter* graph_replays_piecewise;
+  prometheus::Counter* graph_eager_fallbacks;
+  prometheus::Counter* graph_capture_failures;
+  prometheus::Histogram* graph_capture_seconds;
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
