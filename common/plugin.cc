@@ -58,6 +58,9 @@ std::string DefaultCudaPluginPath() {
   // Build tree and GPU bundle layout: <root>/{node,tests}/binary, <root>/worker/libdsv4_cuda.so.
   const std::string sibling = exe + "/../worker/libdsv4_cuda.so";
   if (::stat(sibling.c_str(), &st) == 0) return sibling;
+  // Installed layout (scripts/package.sh): <prefix>/bin/dsv4-node, <prefix>/lib/dsv4-node/.
+  const std::string installed = exe + "/../lib/dsv4-node/libdsv4_cuda.so";
+  if (::stat(installed.c_str(), &st) == 0) return installed;
 #ifdef DSV4_BINARY_DIR
   return std::string(DSV4_BINARY_DIR) + "/worker/libdsv4_cuda.so";
 #else

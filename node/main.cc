@@ -22,6 +22,10 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "debug|info|warning|error")
       ->check(CLI::IsMember({"debug", "info", "warning", "error"}));
   app.add_flag("--log-json", log_json, "structured logs as JSON lines");
+  // Flags may also come from a TOML file with one [subcommand] section (the Kubernetes ConfigMap).
+  app.set_config("--config", "", "TOML file of flags: a [serve] section holds serve's flags");
+  // A misspelt key in a config file is an error, not silently ignored (subcommands inherit it).
+  app.allow_config_extras(CLI::config_extras_mode::error);
   std::vector<std::pair<CLI::App*, std::unique_ptr<dsv4::cli::Command>>> commands;
   auto add = [&](auto factory, const char* name, const char* help) {
     CLI::App* sub = app.add_subcommand(name, help);

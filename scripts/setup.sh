@@ -3,21 +3,28 @@
 # present are skipped, and apt is not touched at all when nothing is missing.
 # The CUDA toolkit is not a Debian package: when /usr/local/cuda/bin/nvcc exists the GPU plugin
 # is built too, otherwise the build is CPU-only.
+#   scripts/setup.sh                everything: build, tests, tools
+#   scripts/setup.sh --build-only   what building the node needs (the container image uses this)
 set -euo pipefail
+BUILD_ONLY=0
+[ "${1:-}" = "--build-only" ] && BUILD_ONLY=1
 
 PACKAGES=(
   # toolchain
-  g++ cmake ninja-build ccache pkg-config git clang
+  g++ cmake ninja-build ccache pkg-config git
   # libraries
   libopenblas-dev nlohmann-json3-dev libcli11-dev libabsl-dev libpcre2-dev
   libgtest-dev libgmock-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler prometheus-cpp-dev
-  # test tools: promtool (and a Prometheus server for the end-to-end tests)
-  prometheus curl
 )
-# Node.js runs the independent gRPC client tests; use the machine's node when it has one.
-if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-  PACKAGES+=(nodejs npm)
+if [ $BUILD_ONLY -eq 0 ]; then
+  # Test tools: clang (fuzzers), promtool and a Prometheus server, yamllint, curl.
+  PACKAGES+=(clang prometheus yamllint curl)
+  # Node.js runs the independent gRPC client and the manifest validation; use the machine's
+  # node when it has one.
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    PACKAGES+=(nodejs npm)
+  fi
 fi
 
 missing=()
@@ -42,9 +49,14 @@ else
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# npm packages of the Node.js test client (pinned by tests/node_client/package-lock.json).
-cd "$(dirname "$0")/../tests/node_client"
-if [ ! -d node_modules ] || [ package-lock.json -nt node_modules ]; then
-  npm ci --no-audit --no-fund --loglevel=error
-  touch node_modules
-fi
+[ $BUILD_ONLY -eq 1 ] && exit 0
+
+# npm packages of the test tools (pinned by their package-lock.json files).
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+for dir in tests/node_client deploy/validate; do
+  cd "$ROOT/$dir"
+  if [ ! -d node_modules ] || [ package-lock.json -nt node_modules ]; then
+    npm ci --no-audit --no-fund --loglevel=error
+    touch node_modules
+  fi
+done

@@ -35,6 +35,8 @@ class Client final : public Command {
     app.add_option("--top-k", top_k_, "top-k");
     app.add_option("--seed", seed_, "sampling seed");
     app.add_option("--stop", stop_, "stop string (repeatable)");
+    app.add_option("--stop-token-id", stop_token_ids_, "stop token id (repeatable)");
+    app.add_flag("--ignore-eos", ignore_eos_, "keep generating after end-of-sequence");
     app.add_option("--logprobs", logprobs_, "top-n logprobs per token");
     app.add_option("--request-id", request_id_, "request id");
     app.add_option("--timeout", timeout_s_, "deadline in seconds")->check(CLI::Range(0.001, 1e6));
@@ -92,6 +94,8 @@ class Client final : public Command {
     req.mutable_sampling()->set_top_k(top_k_);
     if (seed_ >= 0) req.mutable_sampling()->set_seed(static_cast<uint64_t>(seed_));
     for (const auto& s : stop_) req.add_stop(s);
+    for (int32_t id : stop_token_ids_) req.add_stop_token_ids(id);
+    req.set_ignore_eos(ignore_eos_);
     req.set_logprobs(logprobs_);
 
     auto stub = v1::Dsv4::NewStub(channel);
@@ -181,6 +185,8 @@ class Client final : public Command {
   int top_k_ = 0;
   int64_t seed_ = -1;
   std::vector<std::string> stop_;
+  std::vector<int32_t> stop_token_ids_;
+  bool ignore_eos_ = false;
   int logprobs_ = 0;
   double timeout_s_ = 0;
   double wait_ready_s_ = 0;

@@ -204,6 +204,9 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const std::string&
     return absl::UnavailableError(absl::StrCat("cannot listen for gRPC on ", listen));
   }
   s->SetServing(false);
+  // Liveness: SERVING for as long as the process answers, also while loading and draining
+  // (the Kubernetes liveness probe asks for service "liveness"; readiness asks for "").
+  if (auto* health = s->server_->GetHealthCheckService()) health->SetServingStatus("liveness", true);
   return s;
 }
 
@@ -213,7 +216,7 @@ void GrpcServer::SetServing(bool serving) {
   if (server_ == nullptr) return;
   auto* health = server_->GetHealthCheckService();
   if (health == nullptr) return;
-  health->SetServingStatus(serving);
+  health->SetServingStatus("", serving);
   health->SetServingStatus("dsv4.v1.Dsv4", serving);
 }
 

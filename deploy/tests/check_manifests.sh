@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# yamllint over deploy/, kustomize rendering of every root, offline schema and cross-resource
+# validation of the rendered manifests, and negative cases that must be rejected.
+#   check_manifests.sh SOURCE_DIR
+set -euo pipefail
+SRC=$1
+. "$SRC/deploy/tests/lib.sh"
+need yamllint
+need node
+need_node_modules
+TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
+yamllint -c "$SRC/deploy/.yamllint" "$SRC/deploy"
+echo "yamllint: ok"
+V="$SRC/deploy/validate/validate.mjs"
+if command -v kubectl >/dev/null; then
+  for root in "" overlays/single-node-tp2 overlays/multi-node-lws overlays/cpu-dev; do
+    out="$TMP/render-${root//\//_}.yaml"
+    kubectl kustomize "$SRC/deploy/k8s/$root" > "$out"
+    node "$V" "$out"
+  done
+else
+  echo "kubectl not installed: validating the resource files without kustomize rendering"
+  node "$V" "$SRC"/deploy/k8s/base/{configmap,service,pdb,servicemonitor}.yaml \
+      "$SRC/deploy/k8s/overlays/single-node-tp2/statefulset.yaml"
+  node "$V" "$SRC"/deploy/k8s/base/{configmap,service,pdb,servicemonitor}.yaml \
+      "$SRC/deploy/k8s/overlays/multi-node-lws/leaderworkerset.yaml"
+  node "$V" "$SRC/deploy/k8s/prometheus-rules.yaml"
+fi
+for bad in "$SRC"/deploy/validate/testdata/bad-*.yaml; do
+  if node "$V" "$bad" > "$TMP/out" 2>&1; then
+    echo "FAIL: $bad was accepted"; cat "$TMP/out"; exit 1
+  fi
+  echo "rejected as expected: $(basename "$bad"): $(grep -m1 FAIL "$TMP/out")"
+done
