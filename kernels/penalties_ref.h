@@ -14,7 +14,4 @@ void ApplyPenaltiesRef(std::span<float> logits, const std::unordered_map<int32_t
                        const std::unordered_map<int32_t, int32_t>& output_counts,
                        float repetition, float presence, float frequency);
 
-// log-softmax of `logits` evaluated at `token`, and the top-n (token, logprob) pairs.
-float LogSoftmaxAt(std::span<const float> logits, int32_t token, double* log_sum_exp = nullptr);
-
 }  // namespace dsv4

@@ -5,6 +5,12 @@
 
 #include <cstdint>
 
+#if defined(__CUDACC__)
+#define DSV4_HD __host__ __device__
+#else
+#define DSV4_HD
+#endif
+
 namespace dsv4 {
 
 struct RaggedBatchView {
@@ -24,7 +30,7 @@ struct RaggedBatchView {
 
 // Row of compressed entry `w` (ratio m) of sequence `s` inside an entry pool laid out as
 // [blocks, block_size/m, d]: block_table[s][w*m / block_size] * (block_size/m) + (w*m % block_size)/m.
-inline int64_t EntryRow(const RaggedBatchView& b, int32_t s, int64_t w, int64_t ratio) {
+DSV4_HD inline int64_t EntryRow(const RaggedBatchView& b, int32_t s, int64_t w, int64_t ratio) {
   const int64_t pos = w * ratio;
   const int64_t per_block = b.block_size / ratio;
   const int64_t block = b.block_table[static_cast<int64_t>(s) * b.block_stride + pos / b.block_size];

@@ -18,7 +18,6 @@ SampledToken SampleToken(std::span<float> logits, const SamplingSpec& spec, int3
                          const std::unordered_map<int32_t, int32_t>& outputs) {
   SampledToken out;
   // Log-probabilities are those of the raw model distribution.
-  double lse = 0;
   std::vector<float> raw;
   if (spec.logprobs > 0) raw.assign(logits.begin(), logits.end());
   ApplyPenaltiesRef(logits, seen, outputs, spec.repetition_penalty, spec.presence_penalty,
@@ -38,14 +37,8 @@ SampledToken SampleToken(std::span<float> logits, const SamplingSpec& spec, int3
   p.seed = spec.seed;
   out.token = SampleRef(logits, p, static_cast<uint64_t>(output_index));
   if (spec.logprobs > 0) {
-    out.logprob = LogSoftmaxAt(raw, out.token, &lse);
-    std::vector<int32_t> order(raw.size());
-    std::iota(order.begin(), order.end(), 0);
-    const size_t n = std::min<size_t>(spec.logprobs, raw.size());
-    std::partial_sort(order.begin(), order.begin() + n, order.end(), [&](int32_t a, int32_t b) {
-      return raw[a] > raw[b] || (raw[a] == raw[b] && a < b);
-    });
-    for (size_t i = 0; i < n; ++i) out.top.emplace_back(order[i], LogSoftmaxAt(raw, order[i], &lse));
+    out.logprob = LogprobRef(raw, out.token);
+    out.top = TopLogprobsRef(raw, spec.logprobs);
   }
   return out;
 }

@@ -305,3 +305,43 @@ TEST(ModelLoad, RejectsBadCacheConfigs) {
 
 }  // namespace
 }  // namespace dsv4
+
+namespace dsv4 {
+namespace {
+
+// Synthetic weights (no file): deterministic per seed, different across seeds, finite logits.
+TEST(SyntheticModel, DeterministicPerSeedAndFinite) {
+  Json j = testing::TinyConfigJson();
+  auto config = ParseModelConfig(j.dump());
+  ASSERT_TRUE(config.ok()) << config.status();
+  CacheConfig cache;
+  cache.num_slots = 2;
+  cache.num_blocks = 8;
+  cache.max_model_len = 256;
+  auto run = [&](uint64_t seed) {
+    auto model = Dsv4Model::LoadSynthetic(*config, seed, std::make_unique<CpuBackend>(), cache);
+    EXPECT_TRUE(model.ok()) << model.status();
+    if (!model.ok()) return std::vector<float>{};
+    LocalSequences seqs(**model, false);
+    const int id = *seqs.Create();
+    std::vector<int32_t> prompt(40);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7) % config->vocab_size);
+    auto step = seqs.Next(id, prompt, SequenceStep::Logits::kAll);
+    EXPECT_TRUE(step.ok());
+    StepLogits out;
+    const absl::Status s = (*model)->Step({&*step, 1}, StepOptions{}, &out);
+    EXPECT_TRUE(s.ok()) << s;
+    return out.values;
+  };
+  const auto a = run(5), b = run(5), c = run(6);
+  ASSERT_EQ(a.size(), 40u * config->vocab_size);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  for (float v : a) ASSERT_TRUE(std::isfinite(v));
+  // Not degenerate: logits vary across the vocabulary.
+  const auto [lo, hi] = std::minmax_element(a.begin(), a.begin() + config->vocab_size);
+  EXPECT_GT(*hi - *lo, 1e-3f);
+}
+
+}  // namespace
+}  // namespace dsv4

@@ -7,6 +7,7 @@
 #include "common/status.h"
 #include "kernels/attention_ref.h"
 #include "kernels/compressor_ref.h"
+#include "kernels/counter_rng.h"
 #include "kernels/cpu_gemm.h"
 #include "kernels/indexer_ref.h"
 #include "kernels/mhc_ref.h"
@@ -57,7 +58,7 @@ absl::StatusOr<Tensor> CpuBackend::Allocate(std::vector<Block>* owner, DType dty
   return t;
 }
 
-absl::StatusOr<Tensor> CpuBackend::CreateWeight(const HostTensor& src) {
+absl::StatusOr<Tensor> CpuBackend::CreateWeight(const HostTensor& src, WeightUse /*use*/) {
   if (src.dtype != DType::kF32 && src.dtype != DType::kI32) {
     return absl::InvalidArgumentError("cpu backend weights are f32 or i32");
   }
@@ -68,6 +69,25 @@ absl::StatusOr<Tensor> CpuBackend::CreateWeight(const HostTensor& src) {
                                                    src.shape.ToString()));
   }
   std::memcpy(t.data, src.data(), t.nbytes());
+  persistent_bytes_ += t.nbytes();
+  return t;
+}
+
+absl::StatusOr<Tensor> CpuBackend::CreateSyntheticWeight(const SyntheticSpec& spec,
+                                                         WeightUse /*use*/) {
+  if (spec.dtype != DType::kF32 && spec.dtype != DType::kI32) {
+    return absl::InvalidArgumentError("cpu backend weights are f32 or i32");
+  }
+  if (spec.dtype == DType::kI32 && spec.modulus < 1) {
+    return absl::InvalidArgumentError("synthetic index table needs modulus >= 1");
+  }
+  ASSIGN_OR_RETURN(Tensor t, Allocate(&persistent_, spec.dtype, spec.shape));
+  const int64_t n = t.numel();
+  if (spec.dtype == DType::kI32) {
+    for (int64_t i = 0; i < n; ++i) t.ptr<int32_t>()[i] = SyntheticIndex(spec.seed, i, spec.modulus);
+  } else {
+    for (int64_t i = 0; i < n; ++i) t.ptr<float>()[i] = SyntheticUniform(spec.seed, i, spec.lo, spec.hi);
+  }
   persistent_bytes_ += t.nbytes();
   return t;
 }
@@ -127,6 +147,11 @@ absl::Status CpuBackend::BeginStep(const StepMeta& meta) {
 
 absl::Status CpuBackend::CopyToHost(const Tensor& src, void* dst) {
   std::memcpy(dst, src.data, src.nbytes());
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::CopyFromHost(const void* src, Tensor dst) {
+  std::memcpy(dst.data, src, dst.nbytes());
   return absl::OkStatus();
 }
 

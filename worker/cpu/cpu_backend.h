@@ -17,11 +17,13 @@ class CpuBackend final : public Backend {
   ~CpuBackend() override;
 
   std::string_view name() const override { return "cpu"; }
-  absl::StatusOr<Tensor> CreateWeight(const HostTensor& src) override;
+  absl::StatusOr<Tensor> CreateWeight(const HostTensor& src, WeightUse use) override;
+  absl::StatusOr<Tensor> CreateSyntheticWeight(const SyntheticSpec& spec, WeightUse use) override;
   absl::StatusOr<Tensor> CreatePool(DType dtype, Shape shape) override;
   absl::StatusOr<Tensor> Scratch(DType dtype, Shape shape) override;
   absl::Status BeginStep(const StepMeta& meta) override;
   absl::Status CopyToHost(const Tensor& src, void* dst) override;
+  absl::Status CopyFromHost(const void* src, Tensor dst) override;
 
   absl::Status Embed(const Tensor& table, Tensor out) override;
   absl::Status Linear(const Tensor& x, const Tensor& w, Tensor y) override;

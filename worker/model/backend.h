@@ -93,14 +93,32 @@ struct RouterParams {
   bool hash = false;       // route through tid2eid instead of biased top-k
 };
 
+// How a weight is used: GEMM operands and embedding tables may be stored in a lower precision
+// (bf16 on the GPU by default); parameters (norms, biases, gates of mHC, sinks, index tables) keep
+// their own dtype.
+enum class WeightUse { kParam, kMatrix };
+
+// A deterministic synthetic weight: element i is SyntheticUniform(seed, i, lo, hi) for f32, or
+// SyntheticIndex(seed, i, modulus) for i32 (kernels/counter_rng.h), so every backend materialises
+// the same values without a file.
+struct SyntheticSpec {
+  DType dtype = DType::kF32;
+  Shape shape;
+  uint64_t seed = 0;
+  float lo = 0, hi = 0;
+  int32_t modulus = 1;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
 
   // ---- memory ----
-  // A persistent weight built from host data (the backend picks its storage precision).
-  virtual absl::StatusOr<Tensor> CreateWeight(const HostTensor& src) = 0;
+  // A persistent weight built from host data (the backend picks its storage precision by `use`).
+  virtual absl::StatusOr<Tensor> CreateWeight(const HostTensor& src, WeightUse use) = 0;
+  // A persistent weight filled in place from `spec` (no host copy of the data).
+  virtual absl::StatusOr<Tensor> CreateSyntheticWeight(const SyntheticSpec& spec, WeightUse use) = 0;
   // A persistent zero-filled pool (KV entries, state).
   virtual absl::StatusOr<Tensor> CreatePool(DType dtype, Shape shape) = 0;
   // A scratch tensor valid until the next BeginStep().
@@ -110,6 +128,8 @@ class Backend {
   virtual absl::Status BeginStep(const StepMeta& meta) = 0;
   // Copies a tensor to host memory of at least src.nbytes() bytes; waits for completion.
   virtual absl::Status CopyToHost(const Tensor& src, void* dst) = 0;
+  // Copies dst.nbytes() bytes of host memory into a tensor (tests and tools); waits for completion.
+  virtual absl::Status CopyFromHost(const void* src, Tensor dst) = 0;
 
   // ---- dense ops ----
   // out[T, D] = table[token_ids[t]]

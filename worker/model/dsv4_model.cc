@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/log.h"
@@ -52,27 +53,125 @@ struct Dsv4Model::LayerCache {
   Tensor index_state;    // [slots, state floats]
 };
 
+// Where weights come from: a checkpoint (through WeightSource) or a deterministic synthetic fill.
+class WeightFactory {
+ public:
+  virtual ~WeightFactory() = default;
+  virtual bool Has(const std::string& name) const = 0;
+  virtual absl::StatusOr<Tensor> Get(const std::string& name, Shape shape, WeightUse use) = 0;
+  // Tensors `names` (each of `part` shape) stacked along dim 0 into `shape`.
+  virtual absl::StatusOr<Tensor> Stack(const std::vector<std::string>& names, Shape part,
+                                       Shape shape, WeightUse use) = 0;
+  // An int32 table whose values must lie in [0, modulus).
+  virtual absl::StatusOr<Tensor> Index(const std::string& name, Shape shape, int32_t modulus) = 0;
+};
+
 namespace {
 
 std::string L(int64_t layer, std::string_view suffix) {
   return absl::StrCat("model.layers.", layer, ".", AV(suffix));
 }
 
+class CheckpointWeights final : public WeightFactory {
+ public:
+  CheckpointWeights(WeightSource* src, Backend* backend) : src_(src), backend_(backend) {}
+  bool Has(const std::string& name) const override { return src_->Has(name); }
+  absl::StatusOr<Tensor> Get(const std::string& name, Shape shape, WeightUse use) override {
+    ASSIGN_OR_RETURN(HostTensor host, src_->F32(name, shape));
+    return backend_->CreateWeight(host, use);
+  }
+  absl::StatusOr<Tensor> Stack(const std::vector<std::string>& names, Shape part, Shape shape,
+                               WeightUse use) override {
+    HostTensor all{DType::kF32, shape, {}, {}};
+    all.f32.reserve(static_cast<size_t>(shape.numel()));
+    for (const std::string& name : names) {
+      ASSIGN_OR_RETURN(HostTensor t, src_->F32(name, part));
+      all.f32.insert(all.f32.end(), t.f32.begin(), t.f32.end());
+    }
+    return backend_->CreateWeight(all, use);
+  }
+  absl::StatusOr<Tensor> Index(const std::string& name, Shape shape, int32_t modulus) override {
+    ASSIGN_OR_RETURN(HostTensor table, src_->I32(name, shape));
+    for (int32_t e : table.i32) {
+      if (e < 0 || e >= modulus) {
+        return absl::InvalidArgumentError(absl::StrCat(name, " routes to expert ", e,
+                                                       " outside [0, ", modulus, ")"));
+      }
+    }
+    return backend_->CreateWeight(table, WeightUse::kParam);
+  }
+
+ private:
+  WeightSource* src_;
+  Backend* backend_;
+};
+
+// Synthetic weights: every tensor seeded by (model seed, name), with ranges that keep activations
+// in a realistic regime (matrices ±1/sqrt(fan_in), norm weights and mHC scales near 1, biases
+// small).
+class SyntheticWeights final : public WeightFactory {
+ public:
+  SyntheticWeights(uint64_t seed, Backend* backend) : seed_(seed), backend_(backend) {}
+  bool Has(const std::string& name) const override { return true; }
+  absl::StatusOr<Tensor> Get(const std::string& name, Shape shape, WeightUse use) override {
+    SyntheticSpec spec;
+    spec.shape = shape;
+    spec.seed = Seed(name);
+    const bool near_one = shape.rank == 1 && (absl::StrContains(name, "norm") ||
+                                              absl::EndsWith(name, "scale"));
+    if (near_one) {
+      spec.lo = 0.9f, spec.hi = 1.1f;
+    } else if (shape.rank == 1) {
+      spec.lo = -0.1f, spec.hi = 0.1f;
+    } else if (absl::StrContains(name, "embed_tokens")) {
+      spec.lo = -1.0f, spec.hi = 1.0f;
+    } else {
+      const float a = 1.0f / std::sqrt(static_cast<float>(shape[shape.rank - 1]));
+      spec.lo = -a, spec.hi = a;
+    }
+    return backend_->CreateSyntheticWeight(spec, use);
+  }
+  absl::StatusOr<Tensor> Stack(const std::vector<std::string>& names, Shape part, Shape shape,
+                               WeightUse use) override {
+    return Get(names.front(), shape, use);
+  }
+  absl::StatusOr<Tensor> Index(const std::string& name, Shape shape, int32_t modulus) override {
+    SyntheticSpec spec;
+    spec.dtype = DType::kI32;
+    spec.shape = shape;
+    spec.seed = Seed(name);
+    spec.modulus = modulus;
+    return backend_->CreateSyntheticWeight(spec, WeightUse::kParam);
+  }
+
+ private:
+  uint64_t Seed(const std::string& name) const {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a
+    for (unsigned char ch : name) h = (h ^ ch) * 1099511628211ull;
+    return h ^ seed_;
+  }
+  uint64_t seed_;
+  Backend* backend_;
+};
+
 class Loader {
  public:
-  Loader(WeightSource* src, Backend* backend) : src_(src), backend_(backend) {}
+  explicit Loader(WeightFactory* f) : f_(f) {}
 
-  absl::StatusOr<Tensor> F32(const std::string& name, Shape shape) {
-    ASSIGN_OR_RETURN(HostTensor host, src_->F32(name, shape));
-    return backend_->CreateWeight(host);
+  absl::StatusOr<Tensor> Param(const std::string& name, Shape shape) {
+    return f_->Get(name, shape, WeightUse::kParam);
   }
+  absl::StatusOr<Tensor> Matrix(const std::string& name, Shape shape) {
+    return f_->Get(name, shape, WeightUse::kMatrix);
+  }
+  bool Has(const std::string& name) const { return f_->Has(name); }
 
   absl::StatusOr<HcWeights> Hc(const std::string& prefix, int64_t mix, int64_t nd, int64_t scales,
                               const char* fn, const char* base, const char* scale) {
     HcWeights w;
-    ASSIGN_OR_RETURN(w.fn, F32(absl::StrCat(prefix, fn), Shape{mix, nd}));
-    ASSIGN_OR_RETURN(w.base, F32(absl::StrCat(prefix, base), Shape{mix}));
-    ASSIGN_OR_RETURN(w.scale, F32(absl::StrCat(prefix, scale), Shape{scales}));
+    ASSIGN_OR_RETURN(w.fn, Param(absl::StrCat(prefix, fn), Shape{mix, nd}));
+    ASSIGN_OR_RETURN(w.base, Param(absl::StrCat(prefix, base), Shape{mix}));
+    ASSIGN_OR_RETURN(w.scale, Param(absl::StrCat(prefix, scale), Shape{scales}));
     return w;
   }
 
@@ -80,10 +179,10 @@ class Loader {
                                                int64_t overlap, int64_t dim, int64_t hidden) {
     CompressorWeights w;
     const int64_t cd = overlap * dim;
-    ASSIGN_OR_RETURN(w.kv_proj, F32(absl::StrCat(prefix, "kv_proj.weight"), Shape{cd, hidden}));
-    ASSIGN_OR_RETURN(w.gate_proj, F32(absl::StrCat(prefix, "gate_proj.weight"), Shape{cd, hidden}));
-    ASSIGN_OR_RETURN(w.position_bias, F32(absl::StrCat(prefix, "position_bias"), Shape{ratio, cd}));
-    ASSIGN_OR_RETURN(w.kv_norm, F32(absl::StrCat(prefix, "kv_norm.weight"), Shape{dim}));
+    ASSIGN_OR_RETURN(w.kv_proj, Matrix(absl::StrCat(prefix, "kv_proj.weight"), Shape{cd, hidden}));
+    ASSIGN_OR_RETURN(w.gate_proj, Matrix(absl::StrCat(prefix, "gate_proj.weight"), Shape{cd, hidden}));
+    ASSIGN_OR_RETURN(w.position_bias, Param(absl::StrCat(prefix, "position_bias"), Shape{ratio, cd}));
+    ASSIGN_OR_RETURN(w.kv_norm, Param(absl::StrCat(prefix, "kv_norm.weight"), Shape{dim}));
     return w;
   }
 
@@ -91,45 +190,41 @@ class Loader {
   absl::Status Experts(int64_t layer, const ModelConfig& c, LayerWeights* lw) {
     const int64_t E = c.n_routed_experts, I = c.moe_intermediate_size, D = c.hidden_size;
     const std::string fused_gu = L(layer, "mlp.experts.gate_up_proj");
-    if (src_->Has(fused_gu)) {
-      ASSIGN_OR_RETURN(lw->experts_gate_up, F32(fused_gu, Shape{E, 2 * I, D}));
-      ASSIGN_OR_RETURN(lw->experts_down, F32(L(layer, "mlp.experts.down_proj"), Shape{E, D, I}));
+    if (Has(fused_gu)) {
+      ASSIGN_OR_RETURN(lw->experts_gate_up, Matrix(fused_gu, Shape{E, 2 * I, D}));
+      ASSIGN_OR_RETURN(lw->experts_down, Matrix(L(layer, "mlp.experts.down_proj"), Shape{E, D, I}));
       return absl::OkStatus();
     }
-    HostTensor gate_up{DType::kF32, Shape{E, 2 * I, D}, {}, {}};
-    HostTensor down{DType::kF32, Shape{E, D, I}, {}, {}};
-    gate_up.f32.reserve(E * 2 * I * D);
-    down.f32.reserve(E * D * I);
+    std::vector<std::string> gate_up, down;
     for (int64_t e = 0; e < E; ++e) {
       const std::string p = L(layer, absl::StrCat("mlp.experts.", e, "."));
-      ASSIGN_OR_RETURN(HostTensor g, src_->F32(absl::StrCat(p, "gate_proj.weight"), Shape{I, D}));
-      ASSIGN_OR_RETURN(HostTensor u, src_->F32(absl::StrCat(p, "up_proj.weight"), Shape{I, D}));
-      ASSIGN_OR_RETURN(HostTensor d, src_->F32(absl::StrCat(p, "down_proj.weight"), Shape{D, I}));
-      gate_up.f32.insert(gate_up.f32.end(), g.f32.begin(), g.f32.end());
-      gate_up.f32.insert(gate_up.f32.end(), u.f32.begin(), u.f32.end());
-      down.f32.insert(down.f32.end(), d.f32.begin(), d.f32.end());
+      gate_up.push_back(absl::StrCat(p, "gate_proj.weight"));
+      gate_up.push_back(absl::StrCat(p, "up_proj.weight"));
+      down.push_back(absl::StrCat(p, "down_proj.weight"));
     }
-    ASSIGN_OR_RETURN(lw->experts_gate_up, backend_->CreateWeight(gate_up));
-    ASSIGN_OR_RETURN(lw->experts_down, backend_->CreateWeight(down));
+    ASSIGN_OR_RETURN(lw->experts_gate_up,
+                     f_->Stack(gate_up, Shape{I, D}, Shape{E, 2 * I, D}, WeightUse::kMatrix));
+    ASSIGN_OR_RETURN(lw->experts_down,
+                     f_->Stack(down, Shape{D, I}, Shape{E, D, I}, WeightUse::kMatrix));
     return absl::OkStatus();
   }
 
   absl::Status Layer(int64_t l, const ModelConfig& c, LayerWeights* w) {
     const int64_t D = c.hidden_size, H = c.num_heads, hd = c.head_dim, n = c.hc_mult;
-    ASSIGN_OR_RETURN(w->attn_norm, F32(L(l, "input_layernorm.weight"), Shape{D}));
-    ASSIGN_OR_RETURN(w->ffn_norm, F32(L(l, "post_attention_layernorm.weight"), Shape{D}));
+    ASSIGN_OR_RETURN(w->attn_norm, Param(L(l, "input_layernorm.weight"), Shape{D}));
+    ASSIGN_OR_RETURN(w->ffn_norm, Param(L(l, "post_attention_layernorm.weight"), Shape{D}));
     ASSIGN_OR_RETURN(w->attn_hc, Hc(L(l, "attn_hc."), c.HcMixDim(), n * D, 3, "fn", "base", "scale"));
     ASSIGN_OR_RETURN(w->ffn_hc, Hc(L(l, "ffn_hc."), c.HcMixDim(), n * D, 3, "fn", "base", "scale"));
-    ASSIGN_OR_RETURN(w->q_a_proj, F32(L(l, "self_attn.q_a_proj.weight"), Shape{c.q_lora_rank, D}));
-    ASSIGN_OR_RETURN(w->q_a_norm, F32(L(l, "self_attn.q_a_norm.weight"), Shape{c.q_lora_rank}));
-    ASSIGN_OR_RETURN(w->q_b_proj, F32(L(l, "self_attn.q_b_proj.weight"), Shape{H * hd, c.q_lora_rank}));
-    ASSIGN_OR_RETURN(w->kv_proj, F32(L(l, "self_attn.kv_proj.weight"), Shape{hd, D}));
-    ASSIGN_OR_RETURN(w->kv_norm, F32(L(l, "self_attn.kv_norm.weight"), Shape{hd}));
-    ASSIGN_OR_RETURN(w->o_a_proj, F32(L(l, "self_attn.o_a_proj.weight"),
-                                      Shape{c.o_groups * c.o_lora_rank, (H / c.o_groups) * hd}));
-    ASSIGN_OR_RETURN(w->o_b_proj, F32(L(l, "self_attn.o_b_proj.weight"),
-                                      Shape{D, c.o_groups * c.o_lora_rank}));
-    ASSIGN_OR_RETURN(w->sinks, F32(L(l, "self_attn.sinks"), Shape{H}));
+    ASSIGN_OR_RETURN(w->q_a_proj, Matrix(L(l, "self_attn.q_a_proj.weight"), Shape{c.q_lora_rank, D}));
+    ASSIGN_OR_RETURN(w->q_a_norm, Param(L(l, "self_attn.q_a_norm.weight"), Shape{c.q_lora_rank}));
+    ASSIGN_OR_RETURN(w->q_b_proj, Matrix(L(l, "self_attn.q_b_proj.weight"), Shape{H * hd, c.q_lora_rank}));
+    ASSIGN_OR_RETURN(w->kv_proj, Matrix(L(l, "self_attn.kv_proj.weight"), Shape{hd, D}));
+    ASSIGN_OR_RETURN(w->kv_norm, Param(L(l, "self_attn.kv_norm.weight"), Shape{hd}));
+    ASSIGN_OR_RETURN(w->o_a_proj, Matrix(L(l, "self_attn.o_a_proj.weight"),
+                                         Shape{c.o_groups * c.o_lora_rank, (H / c.o_groups) * hd}));
+    ASSIGN_OR_RETURN(w->o_b_proj, Matrix(L(l, "self_attn.o_b_proj.weight"),
+                                         Shape{D, c.o_groups * c.o_lora_rank}));
+    ASSIGN_OR_RETURN(w->sinks, Param(L(l, "self_attn.sinks"), Shape{H}));
     const AttnType type = c.layer_types[l];
     if (type != AttnType::kSliding) {
       const int64_t overlap = type == AttnType::kCsa ? 2 : 1;
@@ -140,46 +235,37 @@ class Loader {
       const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
       ASSIGN_OR_RETURN(w->index_compressor,
                        Compressor(L(l, "self_attn.compressor.indexer."), c.Ratio(l), 2, dI, D));
-      ASSIGN_OR_RETURN(w->index_q_b_proj, F32(L(l, "self_attn.compressor.indexer.q_b_proj.weight"),
-                                              Shape{nI * dI, c.q_lora_rank}));
+      ASSIGN_OR_RETURN(w->index_q_b_proj, Matrix(L(l, "self_attn.compressor.indexer.q_b_proj.weight"),
+                                                 Shape{nI * dI, c.q_lora_rank}));
       ASSIGN_OR_RETURN(w->index_weights_proj,
-                       F32(L(l, "self_attn.compressor.indexer.scorer.weights_proj.weight"),
-                           Shape{nI, D}));
+                       Matrix(L(l, "self_attn.compressor.indexer.scorer.weights_proj.weight"),
+                              Shape{nI, D}));
     }
     const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok, I = c.moe_intermediate_size;
-    ASSIGN_OR_RETURN(w->gate, F32(L(l, "mlp.gate.weight"), Shape{E, D}));
+    // The router stays fp32 on every backend: expert choice is sensitive to rounding.
+    ASSIGN_OR_RETURN(w->gate, Param(L(l, "mlp.gate.weight"), Shape{E, D}));
     if (c.mlp_types[l] == MlpType::kHashMoe) {
-      ASSIGN_OR_RETURN(HostTensor table, src_->I32(L(l, "mlp.gate.tid2eid"), Shape{c.vocab_size, K}));
-      for (int32_t e : table.i32) {
-        if (e < 0 || e >= E) {
-          return absl::InvalidArgumentError(absl::StrCat(L(l, "mlp.gate.tid2eid"),
-                                                         " routes to expert ", e, " outside [0, ",
-                                                         E, ")"));
-        }
-      }
-      ASSIGN_OR_RETURN(w->tid2eid, backend_->CreateWeight(table));
+      ASSIGN_OR_RETURN(w->tid2eid, f_->Index(L(l, "mlp.gate.tid2eid"), Shape{c.vocab_size, K},
+                                             static_cast<int32_t>(E)));
     } else {
-      ASSIGN_OR_RETURN(w->gate_bias, F32(L(l, "mlp.gate.e_score_correction_bias"), Shape{E}));
+      ASSIGN_OR_RETURN(w->gate_bias, Param(L(l, "mlp.gate.e_score_correction_bias"), Shape{E}));
     }
     RETURN_IF_ERROR(Experts(l, c, w));
-    HostTensor shared{DType::kF32, Shape{2 * I, D}, {}, {}};
-    ASSIGN_OR_RETURN(HostTensor g, src_->F32(L(l, "mlp.shared_experts.gate_proj.weight"), Shape{I, D}));
-    ASSIGN_OR_RETURN(HostTensor u, src_->F32(L(l, "mlp.shared_experts.up_proj.weight"), Shape{I, D}));
-    shared.f32 = std::move(g.f32);
-    shared.f32.insert(shared.f32.end(), u.f32.begin(), u.f32.end());
-    ASSIGN_OR_RETURN(w->shared_gate_up, backend_->CreateWeight(shared));
-    ASSIGN_OR_RETURN(w->shared_down, F32(L(l, "mlp.shared_experts.down_proj.weight"), Shape{D, I}));
+    ASSIGN_OR_RETURN(w->shared_gate_up,
+                     f_->Stack({L(l, "mlp.shared_experts.gate_proj.weight"),
+                                L(l, "mlp.shared_experts.up_proj.weight")},
+                               Shape{I, D}, Shape{2 * I, D}, WeightUse::kMatrix));
+    ASSIGN_OR_RETURN(w->shared_down, Matrix(L(l, "mlp.shared_experts.down_proj.weight"), Shape{D, I}));
     return absl::OkStatus();
   }
 
  private:
-  WeightSource* src_;
-  Backend* backend_;
+  WeightFactory* f_;
 };
 
 absl::StatusOr<Tensor> InvFreq(Backend* backend, const RopeConfig& rope, int64_t rope_dims) {
   HostTensor t{DType::kF32, Shape{rope_dims / 2}, RopeInvFreq(rope, rope_dims), {}};
-  return backend->CreateWeight(t);
+  return backend->CreateWeight(t, WeightUse::kParam);
 }
 
 }  // namespace
@@ -196,10 +282,9 @@ int32_t DefaultBlockSize(const ModelConfig& config) {
 
 Dsv4Model::~Dsv4Model() = default;
 
-absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Load(const ModelConfig& config,
-                                                          const Checkpoint& ckpt,
-                                                          std::unique_ptr<Backend> backend,
-                                                          const CacheConfig& cache) {
+absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Create(const ModelConfig& config,
+                                                            std::unique_ptr<Backend> backend,
+                                                            const CacheConfig& cache) {
   std::unique_ptr<Dsv4Model> m(new Dsv4Model());
   m->config_ = config;
   m->backend_ = std::move(backend);
@@ -226,19 +311,22 @@ absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Load(const ModelConfig& co
     }
   }
   m->max_blocks_per_seq_ = (cc.max_model_len + cc.block_size - 1) / cc.block_size;
+  return m;
+}
 
-  ASSIGN_OR_RETURN(WeightSource src, WeightSource::Create(&ckpt, config.quant_block));
-  Backend* be = m->backend_.get();
-  Loader load(&src, be);
+absl::Status Dsv4Model::LoadWeights(WeightFactory* factory) {
+  const ModelConfig& config = config_;
+  Backend* be = backend_.get();
+  Loader load(factory);
   auto w = std::make_unique<Weights>();
   const int64_t D = config.hidden_size, V = config.vocab_size, n = config.hc_mult;
-  ASSIGN_OR_RETURN(w->embed, load.F32("model.embed_tokens.weight", Shape{V, D}));
-  if (config.tie_word_embeddings && !src.Has("lm_head.weight")) {
+  ASSIGN_OR_RETURN(w->embed, load.Matrix("model.embed_tokens.weight", Shape{V, D}));
+  if (config.tie_word_embeddings && !load.Has("lm_head.weight")) {
     w->head = w->embed;
   } else {
-    ASSIGN_OR_RETURN(w->head, load.F32("lm_head.weight", Shape{V, D}));
+    ASSIGN_OR_RETURN(w->head, load.Matrix("lm_head.weight", Shape{V, D}));
   }
-  ASSIGN_OR_RETURN(w->norm, load.F32("model.norm.weight", Shape{D}));
+  ASSIGN_OR_RETURN(w->norm, load.Param("model.norm.weight", Shape{D}));
   ASSIGN_OR_RETURN(w->hc_head, load.Hc("model.hc_head.", n, n * D, 1, "hc_fn", "hc_base", "hc_scale"));
   ASSIGN_OR_RETURN(w->main_inv_freq, InvFreq(be, config.main_rope, config.rope_dims));
   ASSIGN_OR_RETURN(w->compress_inv_freq, InvFreq(be, config.compress_rope, config.rope_dims));
@@ -246,20 +334,18 @@ absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Load(const ModelConfig& co
   for (int64_t l = 0; l < config.num_layers; ++l) {
     RETURN_IF_ERROR(load.Layer(l, config, &w->layers[l]));
   }
-  const auto unused = src.Unused();
-  if (!unused.empty()) {
-    LogWarning("checkpoint_unused_tensors",
-               {{"count", unused.size()},
-                {"first", unused.front()},
-                {"detail", "tensors the model does not use were left unloaded"}});
-  }
-  m->weights_ = std::move(w);
+  weights_ = std::move(w);
+  return absl::OkStatus();
+}
 
-  // State pools.
-  m->caches_.resize(config.num_layers);
+absl::Status Dsv4Model::AllocatePools() {
+  const ModelConfig& config = config_;
+  const CacheConfig& cc = cache_;
+  Backend* be = backend_.get();
+  caches_.resize(config.num_layers);
   const int64_t hd = config.head_dim;
   for (int64_t l = 0; l < config.num_layers; ++l) {
-    LayerCache& lc = m->caches_[l];
+    LayerCache& lc = caches_[l];
     ASSIGN_OR_RETURN(lc.ring, be->CreatePool(DType::kF32, Shape{cc.num_slots, config.sliding_window, hd}));
     const int64_t ratio = config.Ratio(l);
     if (ratio == 0) continue;
@@ -272,8 +358,39 @@ absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Load(const ModelConfig& co
       ASSIGN_OR_RETURN(lc.index_state, be->CreatePool(DType::kF32, Shape{cc.num_slots, CompressStateFloats(ratio, 2, dI)}));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Load(const ModelConfig& config,
+                                                          const Checkpoint& ckpt,
+                                                          std::unique_ptr<Backend> backend,
+                                                          const CacheConfig& cache) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Dsv4Model> m, Create(config, std::move(backend), cache));
+  ASSIGN_OR_RETURN(WeightSource src, WeightSource::Create(&ckpt, config.quant_block));
+  CheckpointWeights factory(&src, m->backend_.get());
+  RETURN_IF_ERROR(m->LoadWeights(&factory));
+  const auto unused = src.Unused();
+  if (!unused.empty()) {
+    LogWarning("checkpoint_unused_tensors",
+               {{"count", unused.size()},
+                {"first", unused.front()},
+                {"detail", "tensors the model does not use were left unloaded"}});
+  }
+  RETURN_IF_ERROR(m->AllocatePools());
   return m;
 }
+
+absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::LoadSynthetic(const ModelConfig& config,
+                                                                   uint64_t seed,
+                                                                   std::unique_ptr<Backend> backend,
+                                                                   const CacheConfig& cache) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Dsv4Model> m, Create(config, std::move(backend), cache));
+  SyntheticWeights factory(seed, m->backend_.get());
+  RETURN_IF_ERROR(m->LoadWeights(&factory));
+  RETURN_IF_ERROR(m->AllocatePools());
+  return m;
+}
+
 
 absl::Status Dsv4Model::ValidateStep(std::span<const SequenceStep> seqs) const {
   if (seqs.empty()) return absl::InvalidArgumentError("step has no sequences");
@@ -325,8 +442,9 @@ absl::Status Dsv4Model::ValidateStep(std::span<const SequenceStep> seqs) const {
   return absl::OkStatus();
 }
 
-absl::Status Dsv4Model::Step(std::span<const SequenceStep> seqs, const StepOptions& options,
-                             StepLogits* out) {
+absl::StatusOr<Tensor> Dsv4Model::StepToBackend(std::span<const SequenceStep> seqs,
+                                                const StepOptions& options,
+                                                std::vector<int32_t>* seq_row_begin) {
   RETURN_IF_ERROR(ValidateStep(seqs));
   StepMeta& m = meta_;
   m = StepMeta{};
@@ -335,8 +453,7 @@ absl::Status Dsv4Model::Step(std::span<const SequenceStep> seqs, const StepOptio
   m.block_stride = max_blocks_per_seq_;
   m.force_indexer_scoring = options.force_indexer_scoring;
   m.block_table.assign(static_cast<size_t>(m.num_seqs) * m.block_stride, -1);
-  out->vocab = config_.vocab_size;
-  out->seq_row_begin.assign(1, 0);
+  seq_row_begin->assign(1, 0);
   for (int32_t s = 0; s < m.num_seqs; ++s) {
     const SequenceStep& seq = seqs[s];
     m.seq_begin.push_back(static_cast<int32_t>(m.token_ids.size()));
@@ -356,15 +473,24 @@ absl::Status Dsv4Model::Step(std::span<const SequenceStep> seqs, const StepOptio
     } else if (seq.logits == SequenceStep::Logits::kAll) {
       for (int32_t t = first; t <= last; ++t) m.logit_rows.push_back(t);
     }
-    out->seq_row_begin.push_back(static_cast<int32_t>(m.logit_rows.size()));
+    seq_row_begin->push_back(static_cast<int32_t>(m.logit_rows.size()));
   }
   m.seq_begin.push_back(static_cast<int32_t>(m.token_ids.size()));
   m.num_tokens = static_cast<int32_t>(m.token_ids.size());
   RETURN_IF_ERROR(backend_->BeginStep(m));
-  return Forward(out);
+  return Forward();
 }
 
-absl::Status Dsv4Model::Forward(StepLogits* out) {
+absl::Status Dsv4Model::Step(std::span<const SequenceStep> seqs, const StepOptions& options,
+                             StepLogits* out) {
+  ASSIGN_OR_RETURN(Tensor logits, StepToBackend(seqs, options, &out->seq_row_begin));
+  out->vocab = config_.vocab_size;
+  out->values.assign(static_cast<size_t>(logits.numel()), 0.0f);
+  if (logits.numel() == 0) return absl::OkStatus();
+  return backend_->CopyToHost(logits, out->values.data());
+}
+
+absl::StatusOr<Tensor> Dsv4Model::Forward() {
   Backend& be = *backend_;
   const ModelConfig& c = config_;
   const Weights& w = *weights_;
@@ -404,8 +530,7 @@ absl::Status Dsv4Model::Forward(StepLogits* out) {
   }
 
   const int64_t R = static_cast<int64_t>(meta_.logit_rows.size());
-  out->values.assign(static_cast<size_t>(R * c.vocab_size), 0.0f);
-  if (R == 0) return absl::OkStatus();
+  if (R == 0) return Tensor{nullptr, DType::kF32, Shape{0, c.vocab_size}};
   ASSIGN_OR_RETURN(Tensor rows, be.Scratch(DType::kF32, Shape{R, n, D}));
   // Only the rows whose logits are wanted go through the head.
   RETURN_IF_ERROR(be.GatherLogitRows(hs.View(Shape{T, n * D}), rows.View(Shape{R, n * D})));
@@ -414,7 +539,7 @@ absl::Status Dsv4Model::Forward(StepLogits* out) {
   RETURN_IF_ERROR(be.RmsNorm(y, w.norm, norm, y));
   ASSIGN_OR_RETURN(Tensor logits, be.Scratch(DType::kF32, Shape{R, c.vocab_size}));
   RETURN_IF_ERROR(be.Linear(y, w.head, logits));
-  return be.CopyToHost(logits, out->values.data());
+  return logits;
 }
 
 absl::Status Dsv4Model::AttentionBlock(int64_t l, const Tensor& x, Tensor out) {

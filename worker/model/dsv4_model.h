@@ -27,6 +27,8 @@
 
 namespace dsv4 {
 
+class WeightFactory;  // dsv4_model.cc: checkpoint or synthetic weights
+
 struct CacheConfig {
   int32_t block_size = 0;          // tokens per context block; 0 = DefaultBlockSize(config)
   int32_t num_blocks = 0;          // context-pool blocks
@@ -67,12 +69,24 @@ class Dsv4Model {
                                                          const Checkpoint& ckpt,
                                                          std::unique_ptr<Backend> backend,
                                                          const CacheConfig& cache);
+  // Materialises deterministic synthetic weights (seeded by `seed` and each tensor's name)
+  // directly on `backend`: no file, any config (benchmarks of full-width layers).
+  static absl::StatusOr<std::unique_ptr<Dsv4Model>> LoadSynthetic(const ModelConfig& config,
+                                                                  uint64_t seed,
+                                                                  std::unique_ptr<Backend> backend,
+                                                                  const CacheConfig& cache);
   ~Dsv4Model();
 
   // Runs one ragged step. Validates the batch first (token ids, positions, slots, block tables)
   // and returns InvalidArgument naming the problem without touching any state.
   absl::Status Step(std::span<const SequenceStep> seqs, const StepOptions& options,
                     StepLogits* out);
+
+  // Step() without the copy: the logits [rows, vocab] f32 stay on the backend (valid until the
+  // next step) for on-device sampling; seq_row_begin [S+1] gives each sequence's rows.
+  absl::StatusOr<Tensor> StepToBackend(std::span<const SequenceStep> seqs,
+                                       const StepOptions& options,
+                                       std::vector<int32_t>* seq_row_begin);
 
   const ModelConfig& config() const { return config_; }
   const CacheConfig& cache() const { return cache_; }
@@ -84,8 +98,13 @@ class Dsv4Model {
 
  private:
   Dsv4Model() = default;
+  static absl::StatusOr<std::unique_ptr<Dsv4Model>> Create(const ModelConfig& config,
+                                                           std::unique_ptr<Backend> backend,
+                                                           const CacheConfig& cache);
+  absl::Status LoadWeights(WeightFactory* factory);
+  absl::Status AllocatePools();
   absl::Status ValidateStep(std::span<const SequenceStep> seqs) const;
-  absl::Status Forward(StepLogits* out);
+  absl::StatusOr<Tensor> Forward();
   absl::Status AttentionBlock(int64_t layer, const Tensor& x, Tensor out);
   absl::Status MoeBlock(int64_t layer, const Tensor& u, Tensor out);
 
