@@ -7,9 +7,7 @@
 #include "common/status.h"
 #include "kernels/cpu_gemm.h"
 #include "node/chat_format.h"
-#include "worker/cpu/cpu_backend.h"
-#include "worker/cpu_worker.h"
-#include "worker/model/safetensors.h"
+#include "worker/worker_factory.h"
 
 namespace dsv4 {
 namespace {
@@ -40,7 +38,9 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
   const std::string tok_path =
       o.tokenizer_path.empty() ? o.model_dir + "/tokenizer.json" : o.tokenizer_path;
   ASSIGN_OR_RETURN(n->tokenizer_, Tokenizer::Load(tok_path));
-  ASSIGN_OR_RETURN(ModelConfig mc, LoadModelConfig(o.model_dir + "/config.json"));
+  const bool synthetic = !o.synthetic_config.empty();
+  ASSIGN_OR_RETURN(ModelConfig mc, LoadModelConfig(synthetic ? o.synthetic_config
+                                                             : o.model_dir + "/config.json"));
   const int64_t model_len =
       o.max_model_len > 0 ? o.max_model_len : std::min<int64_t>(mc.max_position_embeddings, 8192);
   if (model_len > mc.max_position_embeddings) {
@@ -55,20 +55,28 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
                                                    mc.vocab_size));
   }
   SetBlasThreads(o.threads);
-  ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(o.model_dir));
+  ASSIGN_OR_RETURN(DeviceChoice device, ResolveDevice(o.device));
+  ASSIGN_OR_RETURN(Precision precision, ParsePrecision(o.precision));
   CacheConfig cache;
   cache.block_size = o.block_size > 0 ? o.block_size : DefaultBlockSize(mc);
   cache.num_slots = o.max_num_seqs;
   cache.max_model_len = static_cast<int32_t>(model_len);
   const int64_t per_seq = (model_len + cache.block_size - 1) / cache.block_size;
   cache.num_blocks = o.kv_blocks > 0 ? o.kv_blocks : static_cast<int32_t>(per_seq * o.max_num_seqs);
-  LogInfo("model_loading", {{"dir", o.model_dir}, {"config", mc.Summary()}});
-  ASSIGN_OR_RETURN(auto model, Dsv4Model::Load(mc, *ckpt, std::make_unique<CpuBackend>(), cache));
+  LogInfo("model_loading", {{"dir", synthetic ? o.synthetic_config : o.model_dir},
+                            {"weights", synthetic ? "synthetic" : "checkpoint"},
+                            {"device", device.name()},
+                            {"precision", device.cuda ? PrecisionName(precision) : "fp32"},
+                            {"config", mc.Summary()}});
+  WeightsSpec weights{o.model_dir, synthetic, o.seed};
+  ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker,
+                   CreateWorker(device, precision, mc, weights, cache));
+  const WorkerInfo winfo = worker->info();
 
   NodeLimits& lim = n->runtime_.limits;
   lim.vocab_size = mc.vocab_size;
-  lim.max_model_len = model->cache().max_model_len;
-  lim.kv_capacity_tokens = static_cast<int64_t>(model->cache().num_blocks) * model->cache().block_size;
+  lim.max_model_len = winfo.max_model_len;
+  lim.kv_capacity_tokens = static_cast<int64_t>(winfo.num_blocks) * winfo.block_size;
   lim.default_max_tokens = o.default_max_tokens;
   for (int64_t e : mc.eos_token_ids) lim.eos_token_ids.push_back(static_cast<int32_t>(e));
   lim.think_start_id = n->tokenizer_->TokenId(kThinkStartText).value_or(-1);
@@ -85,7 +93,7 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
   for (AttnType t : mc.layer_types) info.add_layer_types(std::string(AttnTypeName(t)));
   info.set_bos_token_id(static_cast<int32_t>(mc.bos_token_id));
   for (int32_t e : lim.eos_token_ids) info.add_eos_token_ids(e);
-  info.set_device("cpu");
+  info.set_device(winfo.device);
   info.set_max_num_seqs(o.max_num_seqs);
   info.set_default_max_tokens(o.default_max_tokens);
   info.set_think_start_token_id(lim.think_start_id);
@@ -97,7 +105,7 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
   ec.scheduler.max_prefill_chunk = o.max_prefill_chunk;
   ec.max_waiting = o.max_waiting;
   ec.force_indexer_scoring = o.force_indexer_scoring;
-  n->engine_ = std::make_unique<Engine>(ec, std::make_unique<CpuWorker>(std::move(model)),
+  n->engine_ = std::make_unique<Engine>(ec, std::move(worker),
                                         n->tokenizer_.get(), n->metrics_.get());
   n->engine_->Start();
   n->runtime_.engine = n->engine_.get();

@@ -1,5 +1,5 @@
 // ServingNode: one coordinator process in single-process mode: metrics and gRPC listeners first
-// (health NOT_SERVING), then tokenizer, model, CPU worker and engine, a warm-up request, and only
+// (health NOT_SERVING), then tokenizer, model, worker (CPU or CUDA) and engine, a warm-up request, and only
 // then SERVING. Used by `dsv4-node serve` and by the end-to-end tests.
 #pragma once
 
@@ -17,6 +17,10 @@ namespace dsv4 {
 
 struct NodeOptions {
   std::string model_dir;            // config.json + safetensors
+  std::string synthetic_config;     // or: a config.json run with synthetic weights
+  uint64_t seed = 1;                // of the synthetic weights
+  std::string device = "auto";      // auto|cpu|cuda|cuda:N
+  std::string precision = "bf16";   // GPU weights: bf16|fp32
   std::string tokenizer_path;       // "" = <model_dir>/tokenizer.json
   std::string listen = "0.0.0.0:50051";
   std::string metrics_listen = "0.0.0.0:9464";

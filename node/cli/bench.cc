@@ -1,14 +1,19 @@
-// dsv4-node bench: prefill and decode throughput of the engine on this process (CPU).
+// dsv4-node bench: prefill and decode throughput of one worker on this process (CPU or GPU),
+// through the same Worker::Execute path as serving (sampling included: on the GPU only token ids
+// come back). Decode can start from a synthetic context: `--contexts 1024,16384` places every
+// sequence at that position with its cache pages allocated (their contents are whatever the
+// pools hold), so a step reads and attends over a context of that length without a prefill.
+// Each row also prints the HBM roofline of the bytes the decode step must read.
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <vector>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "node/cli/commands.h"
 #include "node/cli/model_flags.h"
-#include "worker/model/local_sequences.h"
 
 namespace dsv4::cli {
 namespace {
@@ -19,83 +24,146 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+// Bytes a decode step of `batch` sequences at context `ctx` must read at least once: the weights
+// it touches (matrices at `mbytes` per element; routed experts counted by the expected number of
+// distinct experts among batch x top-k uniform picks) and each sequence's attention state.
+double DecodeStepBytes(const ModelConfig& c, int64_t batch, int64_t ctx, double mbytes) {
+  const double D = c.hidden_size, H = c.num_heads, hd = c.head_dim, q = c.q_lora_rank;
+  const double E = c.n_routed_experts, K = c.num_experts_per_tok, I = c.moe_intermediate_size;
+  const double distinct = E * (1.0 - std::pow(1.0 - K / E, static_cast<double>(batch)));
+  double bytes = c.vocab_size * D * mbytes + batch * D * mbytes;  // lm_head + embedding rows
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    double attn = q * D + H * hd * q + hd * D + c.o_groups * c.o_lora_rank * (H / c.o_groups) * hd +
+                  D * c.o_groups * c.o_lora_rank;
+    double state = c.sliding_window * hd * 4.0;  // the window ring (fp32)
+    const int64_t ratio = c.Ratio(l);
+    if (ratio > 0) {
+      const bool csa = c.layer_types[l] == AttnType::kCsa;
+      attn += 2.0 * (csa ? 2 : 1) * hd * D;  // compressor kv + gate
+      const double entries = std::floor(static_cast<double>(ctx + 1) / ratio);
+      if (csa) {
+        const double nI = c.index_n_heads, dI = c.index_head_dim;
+        attn += 2.0 * 2 * dI * D + nI * dI * q + nI * D;
+        state += entries * dI * 4.0 + std::min<double>(entries, c.index_topk) * hd * 4.0;
+      } else {
+        state += entries * hd * 4.0;
+      }
+    }
+    const double mlp = (distinct + 1) * 3.0 * D * I * mbytes + E * D * 4.0;  // experts + router
+    bytes += attn * mbytes + mlp + batch * state;
+  }
+  return bytes;
+}
+
 class Bench final : public Command {
  public:
   explicit Bench(CLI::App& app) {
     flags_.Register(app);
     app.add_option("--batches", batches_, "batch sizes")->delimiter(',');
+    app.add_option("--contexts", contexts_,
+                   "decode from these context lengths (0 = after a real prefill of --prompt-len)")
+        ->delimiter(',');
     app.add_option("--prompt-len", prompt_len_, "prompt tokens per sequence")
         ->check(CLI::Range(1, 1 << 20));
     app.add_option("--decode-steps", decode_steps_, "decode steps")->check(CLI::Range(1, 1 << 20));
     app.add_option("--repeats", repeats_, "repetitions; the best is reported")
         ->check(CLI::Range(1, 1000));
+    app.add_option("--hbm-tbps", hbm_tbps_, "HBM bandwidth for the roofline column (TB/s)")
+        ->check(CLI::Range(0.01, 100.0));
   }
 
   int Run() override {
     for (int b : batches_) {
       if (b < 1 || b > 4096) return Fail(absl::InvalidArgumentError("--batches: sizes in [1, 4096]"));
     }
-    int max_batch = 1;
-    for (int b : batches_) max_batch = std::max(max_batch, b);
-    auto model = flags_.Load(max_batch, prompt_len_ + decode_steps_);
-    if (!model.ok()) return Fail(model.status());
-    const int64_t vocab = (*model)->config().vocab_size;
-    std::printf("model: %s\n", (*model)->config().Summary().c_str());
-    std::printf("prompt_len=%d decode_steps=%d repeats=%d device=cpu\n", prompt_len_,
+    for (int c : contexts_) {
+      if (c < 0 || c > (1 << 24)) return Fail(absl::InvalidArgumentError("--contexts: in [0, 2^24]"));
+    }
+    const int max_batch = *std::max_element(batches_.begin(), batches_.end());
+    const int max_ctx = *std::max_element(contexts_.begin(), contexts_.end());
+    const int64_t max_len = std::max(prompt_len_, max_ctx) + decode_steps_ + 2;
+    auto worker = flags_.LoadWorker(max_batch, max_len);
+    if (!worker.ok()) return Fail(worker.status());
+    const WorkerInfo info = (*worker)->info();
+    const ModelConfig& config = flags_.config();
+    const bool gpu = info.device != "cpu";
+    const double mbytes = gpu && flags_.precision == "bf16" ? 2.0 : 4.0;
+    std::printf("model: %s\n", config.Summary().c_str());
+    std::printf("device=%s precision=%s prompt_len=%d decode_steps=%d repeats=%d\n",
+                info.device.c_str(), gpu ? flags_.precision.c_str() : "fp32", prompt_len_,
                 decode_steps_, repeats_);
-    std::printf("%6s %14s %14s %14s %14s\n", "batch", "prefill_tok/s", "prefill_ms", "decode_tok/s",
-                "decode_ms/step");
+    std::printf("%6s %8s %14s %12s %14s %14s %12s %10s\n", "batch", "context", "prefill_tok/s",
+                "prefill_ms", "decode_tok/s", "decode_ms/step", "roofline_ms", "x_roofline");
+    const int64_t per_seq = (max_len + info.block_size - 1) / info.block_size;
     std::mt19937 rng(1234);
-    StepOptions options;
-    options.force_indexer_scoring = flags_.force_indexer_scoring;
+    auto spec = std::make_shared<SamplingSpec>();  // greedy
+    uint64_t step_id = 0;
     for (int batch : batches_) {
-      double best_prefill = 1e30, best_decode = 1e30;
-      for (int rep = 0; rep < repeats_; ++rep) {
-        LocalSequences seqs(**model);
-        std::vector<std::vector<int32_t>> prompts(batch);
-        std::vector<int> ids;
-        std::vector<SequenceStep> steps;
-        for (int i = 0; i < batch; ++i) {
-          for (int t = 0; t < prompt_len_; ++t) {
-            prompts[i].push_back(static_cast<int32_t>(rng() % vocab));
-          }
-          auto id = seqs.Create();
-          if (!id.ok()) return Fail(id.status());
-          ids.push_back(*id);
-          auto s = seqs.Next(*id, prompts[i], SequenceStep::Logits::kLast);
-          if (!s.ok()) return Fail(s.status());
-          steps.push_back(*s);
-        }
-        StepLogits logits;
-        const auto t0 = Clock::now();
-        if (auto s = (*model)->Step(steps, options, &logits); !s.ok()) return Fail(s);
-        const auto t1 = Clock::now();
-        best_prefill = std::min(best_prefill, Seconds(t0, t1));
-        std::vector<int32_t> next(batch);
-        for (int i = 0; i < batch; ++i) {
-          seqs.Advance(ids[i], prompt_len_);
-          next[i] = static_cast<int32_t>(rng() % vocab);
-        }
-        const auto t2 = Clock::now();
-        for (int d = 0; d < decode_steps_; ++d) {
-          steps.clear();
+      for (int ctx : contexts_) {
+        double best_prefill = 1e30, best_decode = 1e30;
+        for (int rep = 0; rep < repeats_; ++rep) {
+          StepPlan plan;
+          plan.force_indexer_scoring = flags_.force_indexer_scoring;
           for (int i = 0; i < batch; ++i) {
-            auto s = seqs.Next(ids[i], {&next[i], 1}, SequenceStep::Logits::kLast);
-            if (!s.ok()) return Fail(s.status());
-            steps.push_back(*s);
+            ScheduledSeq s;
+            s.request_id = static_cast<uint64_t>(i) + 1;
+            s.state_slot = i;
+            for (int64_t b = 0; b < per_seq; ++b) {
+              s.block_table.push_back(static_cast<int32_t>(i * per_seq + b));
+            }
+            s.sample = true;
+            s.sampling = spec;
+            if (ctx == 0) {
+              for (int t = 0; t < prompt_len_; ++t) {
+                s.tokens.push_back(static_cast<int32_t>(rng() % config.vocab_size));
+              }
+              s.prompt_len = prompt_len_;
+            } else {
+              s.start_pos = ctx;
+              s.prompt_len = ctx;
+            }
+            plan.seqs.push_back(std::move(s));
           }
-          if (auto s = (*model)->Step(steps, options, &logits); !s.ok()) return Fail(s);
-          for (int i = 0; i < batch; ++i) {
-            seqs.Advance(ids[i], 1);
-            const auto row = logits.Row(i);
-            next[i] = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+          if (ctx == 0) {
+            plan.step_id = ++step_id;
+            const auto t0 = Clock::now();
+            auto r = (*worker)->Execute(plan);
+            if (!r.ok()) return Fail(r.status());
+            best_prefill = std::min(best_prefill, Seconds(t0, Clock::now()));
+            for (int i = 0; i < batch; ++i) {
+              plan.seqs[i].start_pos = prompt_len_;
+              plan.seqs[i].tokens = {r->sampled[i].token};
+            }
+          } else {
+            for (auto& s : plan.seqs) s.tokens = {static_cast<int32_t>(rng() % config.vocab_size)};
           }
+          // One untimed step (first-use plans and allocations), then the timed ones.
+          Clock::time_point t2;
+          for (int d = 0; d <= decode_steps_; ++d) {
+            if (d == 1) t2 = Clock::now();
+            plan.step_id = ++step_id;
+            auto r = (*worker)->Execute(plan);
+            if (!r.ok()) return Fail(r.status());
+            for (int i = 0; i < batch; ++i) {
+              plan.seqs[i].start_pos += 1;
+              plan.seqs[i].output_index += 1;
+              plan.seqs[i].tokens = {r->sampled[i].token};
+            }
+          }
+          best_decode = std::min(best_decode, Seconds(t2, Clock::now()) / decode_steps_);
         }
-        best_decode = std::min(best_decode, Seconds(t2, Clock::now()));
+        const int64_t at = ctx == 0 ? prompt_len_ : ctx;
+        const double roof_ms = DecodeStepBytes(config, batch, at, mbytes) / (hbm_tbps_ * 1e12) * 1e3;
+        if (ctx == 0) {
+          std::printf("%6d %8d %14.1f %12.2f", batch, ctx, batch * prompt_len_ / best_prefill,
+                      best_prefill * 1e3);
+        } else {
+          std::printf("%6d %8d %14s %12s", batch, ctx, "-", "-");
+        }
+        std::printf(" %14.1f %14.3f %12.3f %10.2f\n", batch / best_decode, best_decode * 1e3,
+                    roof_ms, best_decode * 1e3 / roof_ms);
+        std::fflush(stdout);
       }
-      std::printf("%6d %14.1f %14.2f %14.1f %14.3f\n", batch,
-                  batch * prompt_len_ / best_prefill, best_prefill * 1e3,
-                  batch * decode_steps_ / best_decode, best_decode * 1e3 / decode_steps_);
     }
     return 0;
   }
@@ -103,9 +171,11 @@ class Bench final : public Command {
  private:
   ModelFlags flags_;
   std::vector<int> batches_ = {1, 8, 32};
+  std::vector<int> contexts_ = {0};
   int prompt_len_ = 128;
   int decode_steps_ = 32;
   int repeats_ = 3;
+  double hbm_tbps_ = 4.8;
 };
 
 }  // namespace

@@ -7,15 +7,19 @@
 #include "common/paths.h"
 #include "common/status.h"
 #include "kernels/cpu_gemm.h"
-#include "worker/cpu/cpu_backend.h"
-#include "worker/model/safetensors.h"
+#include "worker/worker_factory.h"
 
 namespace dsv4::cli {
 
 void ModelFlags::Register(CLI::App& app) {
   app.add_option("--model", model_dir, "model directory (config.json + safetensors); default: "
                                        "the embedded dsv4-tiny model");
-  app.add_option("--device", device, "execution device")->check(CLI::IsMember({"cpu"}));
+  app.add_option("--device", device, "auto (a GPU when present), cpu, cuda or cuda:N");
+  app.add_option("--precision", precision, "GPU weight precision: bf16 or fp32 (exact checks)")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
+  app.add_option("--synthetic-config", synthetic_config,
+                 "run a config.json with deterministic synthetic weights (no checkpoint)");
+  app.add_option("--weights-seed", seed, "seed of the synthetic weights");
   app.add_option("--threads", threads, "BLAS threads (0 = default)")->check(CLI::Range(0, 1024));
   app.add_option("--block-size", block_size, "tokens per KV block (0 = default)")
       ->check(CLI::Range(0, 1 << 16));
@@ -33,23 +37,49 @@ absl::StatusOr<std::string> ModelFlags::ResolveModelDir() const {
   return dir;
 }
 
-absl::StatusOr<std::unique_ptr<Dsv4Model>> ModelFlags::Load(int slots, int64_t max_len) const {
-  ASSIGN_OR_RETURN(std::string dir, ResolveModelDir());
+absl::StatusOr<ModelFlags::Plan> ModelFlags::Prepare(int slots, int64_t max_len) {
+  Plan p;
+  std::string config_path;
+  if (!synthetic_config.empty()) {
+    p.weights.synthetic = true;
+    p.weights.seed = seed;
+    config_path = synthetic_config;
+  } else {
+    ASSIGN_OR_RETURN(p.weights.model_dir, ResolveModelDir());
+    config_path = p.weights.model_dir + "/config.json";
+  }
   SetBlasThreads(threads);
-  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir + "/config.json"));
-  ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(dir));
-  CacheConfig cache;
-  cache.block_size = block_size > 0 ? block_size : DefaultBlockSize(config);
-  cache.num_slots = slots;
-  if (max_len > config.max_position_embeddings) {
+  ASSIGN_OR_RETURN(p.device, ResolveDevice(device));
+  ASSIGN_OR_RETURN(p.precision, ParsePrecision(precision));
+  resolved_device_ = p.device.name();
+  ASSIGN_OR_RETURN(p.config, LoadModelConfig(config_path));
+  config_ = p.config;
+  p.cache.block_size = block_size > 0 ? block_size : DefaultBlockSize(p.config);
+  p.cache.num_slots = slots;
+  if (max_len > p.config.max_position_embeddings) {
     return absl::OutOfRangeError(absl::StrCat("a sequence of ", max_len, " tokens exceeds "
                                               "max_position_embeddings = ",
-                                              config.max_position_embeddings));
+                                              p.config.max_position_embeddings));
   }
-  cache.num_blocks =
-      static_cast<int32_t>(slots * ((max_len + cache.block_size - 1) / cache.block_size));
-  LogInfo("model_loading", {{"dir", dir}, {"config", config.Summary()}});
-  return Dsv4Model::Load(config, *ckpt, std::make_unique<CpuBackend>(), cache);
+  p.cache.max_model_len = static_cast<int32_t>(max_len);
+  p.cache.num_blocks =
+      static_cast<int32_t>(slots * ((max_len + p.cache.block_size - 1) / p.cache.block_size));
+  LogInfo("model_loading", {{"config_path", config_path},
+                            {"weights", p.weights.synthetic ? "synthetic" : "checkpoint"},
+                            {"device", resolved_device_},
+                            {"precision", p.device.cuda ? PrecisionName(p.precision) : "fp32"},
+                            {"config", p.config.Summary()}});
+  return p;
+}
+
+absl::StatusOr<std::unique_ptr<Dsv4Model>> ModelFlags::Load(int slots, int64_t max_len) {
+  ASSIGN_OR_RETURN(Plan p, Prepare(slots, max_len));
+  return CreateModel(p.device, p.precision, p.config, p.weights, p.cache);
+}
+
+absl::StatusOr<std::unique_ptr<Worker>> ModelFlags::LoadWorker(int slots, int64_t max_len) {
+  ASSIGN_OR_RETURN(Plan p, Prepare(slots, max_len));
+  return CreateWorker(p.device, p.precision, p.config, p.weights, p.cache);
 }
 
 int Fail(const absl::Status& status) {

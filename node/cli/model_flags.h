@@ -8,12 +8,16 @@
 
 #include "absl/status/statusor.h"
 #include "worker/model/dsv4_model.h"
+#include "worker/worker_factory.h"
 
 namespace dsv4::cli {
 
 struct ModelFlags {
   std::string model_dir;  // "" = the embedded default model
-  std::string device = "cpu";
+  std::string device = "auto";
+  std::string precision = "bf16";
+  std::string synthetic_config;  // config.json for synthetic weights (no checkpoint)
+  uint64_t seed = 1;
   int threads = 0;        // BLAS threads; 0 = library default
   int block_size = 0;
   bool force_indexer_scoring = false;
@@ -21,9 +25,27 @@ struct ModelFlags {
   void Register(CLI::App& app);
   // Resolves the model directory (error if none is found).
   absl::StatusOr<std::string> ResolveModelDir() const;
-  // Loads config + checkpoint and builds the model with room for `slots` sequences of up to
-  // `max_len` tokens.
-  absl::StatusOr<std::unique_ptr<Dsv4Model>> Load(int slots, int64_t max_len) const;
+  // Loads config + checkpoint (or synthetic weights) on the chosen device and builds the model
+  // with room for `slots` sequences of up to `max_len` tokens.
+  absl::StatusOr<std::unique_ptr<Dsv4Model>> Load(int slots, int64_t max_len);
+  // The same model behind a serving worker (on-device sampling on CUDA).
+  absl::StatusOr<std::unique_ptr<Worker>> LoadWorker(int slots, int64_t max_len);
+  // The config of the last Load().
+  const ModelConfig& config() const { return config_; }
+  // The device the last Load() used ("cpu", "cuda:0").
+  const std::string& resolved_device() const { return resolved_device_; }
+
+ private:
+  struct Plan {
+    ModelConfig config;
+    WeightsSpec weights;
+    DeviceChoice device;
+    Precision precision = Precision::kBF16;
+    CacheConfig cache;
+  };
+  absl::StatusOr<Plan> Prepare(int slots, int64_t max_len);
+  std::string resolved_device_;
+  ModelConfig config_;
 };
 
 // Prints "error: <status>" to stderr and returns 1.

@@ -64,9 +64,17 @@ class Serve final : public Command {
     sigaddset(&signals, SIGINT);
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-    auto dir = flags_.ResolveModelDir();
-    if (!dir.ok()) return Fail(dir.status());
-    o_.model_dir = *dir;
+    if (flags_.synthetic_config.empty()) {
+      auto dir = flags_.ResolveModelDir();
+      if (!dir.ok()) return Fail(dir.status());
+      o_.model_dir = *dir;
+    } else if (o_.tokenizer_path.empty()) {
+      return Fail(absl::InvalidArgumentError("--synthetic-config needs --tokenizer"));
+    }
+    o_.synthetic_config = flags_.synthetic_config;
+    o_.seed = flags_.seed;
+    o_.device = flags_.device;
+    o_.precision = flags_.precision;
     o_.threads = flags_.threads;
     o_.block_size = flags_.block_size;
     o_.force_indexer_scoring = flags_.force_indexer_scoring;

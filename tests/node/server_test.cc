@@ -43,6 +43,11 @@ NodeOptions TestOptions() {
   o.tokenizer_path = testing::TestData("tok-tiny/tokenizer.json");
   o.listen = "127.0.0.1:0";
   o.metrics_listen = "127.0.0.1:0";
+  // The same suite runs on the GPU worker: DSV4_TEST_DEVICE=cuda [DSV4_TEST_PRECISION=fp32].
+  const char* device = std::getenv("DSV4_TEST_DEVICE");
+  const char* precision = std::getenv("DSV4_TEST_PRECISION");
+  o.device = device != nullptr ? device : "cpu";
+  o.precision = precision != nullptr ? precision : "bf16";
   o.max_model_len = 1024;
   o.max_num_seqs = 64;
   o.max_batched_tokens = 256;

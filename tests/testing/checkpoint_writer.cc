@@ -1,5 +1,6 @@
 #include "tests/testing/checkpoint_writer.h"
 
+#include <cstdlib>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -185,7 +186,9 @@ std::vector<NamedTensor> SyntheticCheckpoint(const ModelConfig& c, uint64_t seed
 }
 
 std::string TestData(const std::string& rel) {
-  return absl::StrCat(DSV4_TEST_DATA_DIR, "/", rel);
+  // $DSV4_TEST_DATA_DIR overrides the build-time path (test binaries bundled for the GPU host).
+  const char* env = std::getenv("DSV4_TEST_DATA_DIR");
+  return absl::StrCat(env != nullptr ? env : DSV4_TEST_DATA_DIR, "/", rel);
 }
 
 Json TinyConfigJson() {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -14,6 +15,7 @@
 #include "kernels/moe_ref.h"
 #include "kernels/rms_norm_ref.h"
 #include "kernels/rope_ref.h"
+#include "worker/model/op_checks.h"
 
 namespace dsv4 {
 namespace {
@@ -26,8 +28,9 @@ absl::Status Check(bool ok, std::string_view op, std::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("cpu backend ", AV(op), ": ", AV(what)));
 }
 
-bool Is(const Tensor& t, DType dtype, int rank) {
-  return !t.empty() && t.dtype == dtype && t.shape.rank == rank;
+// The reference keeps every weight in fp32 (CreateWeight never stores bf16).
+absl::Status F32Weight(const Tensor& w, std::string_view op) {
+  return Check(w.dtype == DType::kF32, op, "cpu weights are f32");
 }
 
 size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
@@ -82,12 +85,24 @@ absl::StatusOr<Tensor> CpuBackend::CreateSyntheticWeight(const SyntheticSpec& sp
     return absl::InvalidArgumentError("synthetic index table needs modulus >= 1");
   }
   ASSIGN_OR_RETURN(Tensor t, Allocate(&persistent_, spec.dtype, spec.shape));
+  // Counter-based values: any split of the range gives the same tensor, so big ones fill in
+  // parallel.
   const int64_t n = t.numel();
-  if (spec.dtype == DType::kI32) {
-    for (int64_t i = 0; i < n; ++i) t.ptr<int32_t>()[i] = SyntheticIndex(spec.seed, i, spec.modulus);
-  } else {
-    for (int64_t i = 0; i < n; ++i) t.ptr<float>()[i] = SyntheticUniform(spec.seed, i, spec.lo, spec.hi);
+  const int64_t parts = std::clamp<int64_t>(n >> 22, 1, std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> threads;
+  for (int64_t p = 0; p < parts; ++p) {
+    threads.emplace_back([&, p] {
+      const int64_t lo = n * p / parts, hi = n * (p + 1) / parts;
+      for (int64_t i = lo; i < hi; ++i) {
+        if (spec.dtype == DType::kI32) {
+          t.ptr<int32_t>()[i] = SyntheticIndex(spec.seed, i, spec.modulus);
+        } else {
+          t.ptr<float>()[i] = SyntheticUniform(spec.seed, i, spec.lo, spec.hi);
+        }
+      }
+    });
   }
+  for (auto& th : threads) th.join();
   persistent_bytes_ += t.nbytes();
   return t;
 }
@@ -156,9 +171,8 @@ absl::Status CpuBackend::CopyFromHost(const void* src, Tensor dst) {
 }
 
 absl::Status CpuBackend::Embed(const Tensor& table, Tensor out) {
-  RETURN_IF_ERROR(Check(Is(table, DType::kF32, 2) && Is(out, DType::kF32, 2) &&
-                            out.dim(0) == view_.num_tokens && out.dim(1) == table.dim(1),
-                        "Embed", "shape mismatch"));
+  RETURN_IF_ERROR(op_checks::Embed(table, out, view_.num_tokens));
+  RETURN_IF_ERROR(F32Weight(table, "Embed"));
   const int64_t d = table.dim(1);
   for (int32_t t = 0; t < view_.num_tokens; ++t) {
     const int32_t id = view_.token_ids[t];
@@ -169,21 +183,16 @@ absl::Status CpuBackend::Embed(const Tensor& table, Tensor out) {
 }
 
 absl::Status CpuBackend::Linear(const Tensor& x, const Tensor& w, Tensor y) {
-  RETURN_IF_ERROR(Check(Is(x, DType::kF32, 2) && Is(w, DType::kF32, 2) && Is(y, DType::kF32, 2) &&
-                            x.dim(1) == w.dim(1) && y.dim(0) == x.dim(0) && y.dim(1) == w.dim(0),
-                        "Linear",
-                        absl::StrCat(x.shape.ToString(), " x ", w.shape.ToString(), "ᵀ -> ",
-                                     y.shape.ToString())));
+  RETURN_IF_ERROR(op_checks::Linear(x, w, y));
+  RETURN_IF_ERROR(F32Weight(w, "Linear"));
   SgemmNT(x.dim(0), w.dim(0), x.dim(1), x.ptr<float>(), x.dim(1), w.ptr<float>(), w.dim(1),
           y.ptr<float>(), y.dim(1));
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::GroupedLinear(const Tensor& x, const Tensor& w, int64_t groups, Tensor y) {
-  RETURN_IF_ERROR(Check(Is(x, DType::kF32, 2) && Is(w, DType::kF32, 2) && Is(y, DType::kF32, 2) &&
-                            groups > 0 && x.dim(1) == groups * w.dim(1) &&
-                            w.dim(0) % groups == 0 && y.dim(1) == w.dim(0) && y.dim(0) == x.dim(0),
-                        "GroupedLinear", "shape mismatch"));
+  RETURN_IF_ERROR(op_checks::GroupedLinear(x, w, groups, y));
+  RETURN_IF_ERROR(F32Weight(w, "GroupedLinear"));
   const int64_t k = w.dim(1);
   const int64_t n = w.dim(0) / groups;
   for (int64_t g = 0; g < groups; ++g) {
@@ -196,25 +205,21 @@ absl::Status CpuBackend::GroupedLinear(const Tensor& x, const Tensor& w, int64_t
 absl::Status CpuBackend::RmsNorm(const Tensor& x, const Tensor& weight, const RmsNormParams& p,
                                  Tensor y) {
   const int64_t dim = x.dim(x.shape.rank - 1);
-  RETURN_IF_ERROR(Check(x.dtype == DType::kF32 && y.numel() == x.numel() &&
-                            (weight.empty() || weight.numel() == dim),
-                        "RmsNorm", "shape mismatch"));
+  RETURN_IF_ERROR(op_checks::RmsNorm(x, weight, y));
   RmsNormRef(x.ptr<float>(), weight.empty() ? nullptr : weight.ptr<float>(), x.numel() / dim, dim,
              p.eps, y.ptr<float>());
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::Rope(Tensor x, const RopeParams& p) {
-  RETURN_IF_ERROR(Check(Is(x, DType::kF32, 3) && x.dim(0) == view_.num_tokens &&
-                            p.rope_dims <= x.dim(2) && p.inv_freq.numel() == p.rope_dims / 2,
-                        "Rope", "shape mismatch"));
+  RETURN_IF_ERROR(op_checks::Rope(x, p, view_.num_tokens));
   RopeRef(x.ptr<float>(), x.dim(0), x.dim(1), x.dim(2), p.rope_dims, p.inv_freq.ptr<float>(),
           view_.positions, p.inverse);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::Add(const Tensor& a, const Tensor& b, Tensor out) {
-  RETURN_IF_ERROR(Check(a.numel() == b.numel() && a.numel() == out.numel(), "Add", "shape mismatch"));
+  RETURN_IF_ERROR(op_checks::Add(a, b, out));
   const float* pa = a.ptr<float>();
   const float* pb = b.ptr<float>();
   float* po = out.ptr<float>();
@@ -224,10 +229,7 @@ absl::Status CpuBackend::Add(const Tensor& a, const Tensor& b, Tensor out) {
 
 absl::Status CpuBackend::GatherLogitRows(const Tensor& x, Tensor out) {
   const auto& rows = meta_->logit_rows;
-  RETURN_IF_ERROR(Check(Is(x, DType::kF32, 2) && Is(out, DType::kF32, 2) &&
-                            out.dim(0) == static_cast<int64_t>(rows.size()) &&
-                            out.dim(1) == x.dim(1),
-                        "GatherLogitRows", "shape mismatch"));
+  RETURN_IF_ERROR(op_checks::GatherLogitRows(x, out, static_cast<int64_t>(rows.size())));
   for (size_t r = 0; r < rows.size(); ++r) {
     std::memcpy(out.ptr<float>() + r * x.dim(1), x.ptr<float>() + rows[r] * x.dim(1),
                 sizeof(float) * x.dim(1));
@@ -236,9 +238,7 @@ absl::Status CpuBackend::GatherLogitRows(const Tensor& x, Tensor out) {
 }
 
 absl::Status CpuBackend::HcExpand(const Tensor& x, Tensor hs) {
-  RETURN_IF_ERROR(Check(Is(x, DType::kF32, 2) && Is(hs, DType::kF32, 3) && hs.dim(0) == x.dim(0) &&
-                            hs.dim(2) == x.dim(1),
-                        "HcExpand", "shape mismatch"));
+  RETURN_IF_ERROR(op_checks::HcExpand(x, hs));
   const int64_t n = hs.dim(1);
   const int64_t d = x.dim(1);
   for (int64_t t = 0; t < x.dim(0); ++t) {
@@ -265,13 +265,7 @@ HcShape MakeHcShape(const Tensor& hs, const HcParams& p) {
 absl::Status CpuBackend::HcPre(const Tensor& hs, const Tensor& fn, const Tensor& base,
                                const Tensor& scale, const HcParams& p, Tensor collapsed,
                                Tensor post, Tensor comb) {
-  RETURN_IF_ERROR(Check(Is(hs, DType::kF32, 3) && hs.dim(1) == p.hc_mult &&
-                            fn.numel() == (2 + p.hc_mult) * p.hc_mult * p.hc_mult * hs.dim(2) &&
-                            base.numel() == (2 + p.hc_mult) * p.hc_mult && scale.numel() == 3 &&
-                            collapsed.numel() == hs.dim(0) * hs.dim(2) &&
-                            post.numel() == hs.dim(0) * p.hc_mult &&
-                            comb.numel() == hs.dim(0) * p.hc_mult * p.hc_mult,
-                        "HcPre", "shape mismatch"));
+  RETURN_IF_ERROR(op_checks::HcPre(hs, fn, base, scale, p, collapsed, post, comb));
   HcPreRef(MakeHcShape(hs, p), hs.ptr<float>(), fn.ptr<float>(), base.ptr<float>(),
            scale.ptr<float>(), collapsed.ptr<float>(), post.ptr<float>(), comb.ptr<float>());
   return absl::OkStatus();
@@ -279,9 +273,7 @@ absl::Status CpuBackend::HcPre(const Tensor& hs, const Tensor& fn, const Tensor&
 
 absl::Status CpuBackend::HcPost(const Tensor& hs, const Tensor& f, const Tensor& post,
                                 const Tensor& comb, Tensor out) {
-  RETURN_IF_ERROR(Check(Is(hs, DType::kF32, 3) && out.numel() == hs.numel() &&
-                            f.numel() == hs.dim(0) * hs.dim(2) && out.data != hs.data,
-                        "HcPost", "shape mismatch"));
+  RETURN_IF_ERROR(op_checks::HcPost(hs, f, post, comb, out));
   HcParams p;
   p.hc_mult = hs.dim(1);
   HcPostRef(MakeHcShape(hs, p), hs.ptr<float>(), f.ptr<float>(), post.ptr<float>(),
@@ -291,10 +283,7 @@ absl::Status CpuBackend::HcPost(const Tensor& hs, const Tensor& f, const Tensor&
 
 absl::Status CpuBackend::HcHead(const Tensor& hs, const Tensor& fn, const Tensor& base,
                                 const Tensor& scale, const HcParams& p, Tensor y) {
-  RETURN_IF_ERROR(Check(Is(hs, DType::kF32, 3) && fn.numel() == hs.dim(1) * hs.dim(1) * hs.dim(2) &&
-                            base.numel() == hs.dim(1) && scale.numel() == 1 &&
-                            y.numel() == hs.dim(0) * hs.dim(2),
-                        "HcHead", "shape mismatch"));
+  RETURN_IF_ERROR(op_checks::HcHead(hs, fn, base, scale, y));
   HcHeadRef(MakeHcShape(hs, p), hs.ptr<float>(), fn.ptr<float>(), base.ptr<float>(),
             scale.ptr<float>(), y.ptr<float>());
   return absl::OkStatus();
@@ -309,15 +298,7 @@ absl::Status CpuBackend::Compress(const CompressParams& p, const Tensor& a, cons
   s.rope_dims = p.rope.rope_dims;
   s.norm_eps = p.norm_eps;
   const int64_t cd = p.overlap * p.dim;
-  RETURN_IF_ERROR(Check(Is(a, DType::kF32, 2) && Is(z, DType::kF32, 2) && a.dim(1) == cd &&
-                            z.dim(1) == cd && a.dim(0) == view_.num_tokens &&
-                            Is(state, DType::kF32, 2) &&
-                            state.dim(1) == CompressorStateFloats(s) &&
-                            Is(entries, DType::kF32, 3) && entries.dim(2) == p.dim &&
-                            entries.dim(1) * p.ratio == view_.block_size &&
-                            p.position_bias.numel() == p.ratio * cd &&
-                            p.norm_weight.numel() == p.dim,
-                        "Compress", "shape mismatch"));
+  RETURN_IF_ERROR(op_checks::Compress(p, a, z, state, entries, view_.num_tokens, view_.block_size));
   CompressRef(s, view_, a.ptr<float>(), z.ptr<float>(), p.position_bias.ptr<float>(),
               p.norm_weight.ptr<float>(), p.rope.inv_freq.ptr<float>(), state.ptr<float>(),
               entries.ptr<float>());
@@ -326,12 +307,7 @@ absl::Status CpuBackend::Compress(const CompressParams& p, const Tensor& a, cons
 
 absl::Status CpuBackend::IndexerTopK(const IndexerParams& p, const Tensor& q, const Tensor& weights,
                                      const Tensor& keys, Tensor out) {
-  RETURN_IF_ERROR(Check(Is(q, DType::kF32, 3) && q.dim(0) == view_.num_tokens &&
-                            Is(weights, DType::kF32, 2) && weights.dim(1) == q.dim(1) &&
-                            Is(keys, DType::kF32, 3) && keys.dim(2) == q.dim(2) &&
-                            keys.dim(1) * p.ratio == view_.block_size &&
-                            Is(out, DType::kI32, 2) && out.dim(1) == p.topk,
-                        "IndexerTopK", "shape mismatch"));
+  RETURN_IF_ERROR(op_checks::IndexerTopK(p, q, weights, keys, out, view_.num_tokens, view_.block_size));
   IndexerShape s;
   s.heads = q.dim(1);
   s.dim = q.dim(2);
@@ -348,16 +324,8 @@ absl::Status CpuBackend::Attention(const AttentionParams& p, const Tensor& q, co
                                    const Tensor& ring, const Tensor& entries,
                                    const Tensor& selected, const Tensor& sinks, Tensor out) {
   const bool compressed = p.ratio > 0;
-  RETURN_IF_ERROR(Check(Is(q, DType::kF32, 3) && q.dim(0) == view_.num_tokens &&
-                            Is(kv, DType::kF32, 2) && kv.dim(1) == q.dim(2) &&
-                            Is(ring, DType::kF32, 3) && ring.dim(1) == p.window &&
-                            ring.dim(2) == q.dim(2) && sinks.numel() == q.dim(1) &&
-                            out.numel() == q.numel() &&
-                            (!compressed || (Is(entries, DType::kF32, 3) &&
-                                             entries.dim(2) == q.dim(2) &&
-                                             entries.dim(1) * p.ratio == view_.block_size)) &&
-                            (!compressed || p.dense_compressed || Is(selected, DType::kI32, 2)),
-                        "Attention", "shape mismatch"));
+  RETURN_IF_ERROR(op_checks::Attention(p, q, kv, ring, entries, selected, sinks, out, view_.num_tokens,
+                                         view_.block_size));
   AttentionShape s;
   s.heads = q.dim(1);
   s.dim = q.dim(2);
@@ -374,21 +342,14 @@ absl::Status CpuBackend::Attention(const AttentionParams& p, const Tensor& q, co
 }
 
 absl::Status CpuBackend::RingWrite(const Tensor& kv, Tensor ring) {
-  RETURN_IF_ERROR(Check(Is(kv, DType::kF32, 2) && Is(ring, DType::kF32, 3) &&
-                            kv.dim(1) == ring.dim(2) && kv.dim(0) == view_.num_tokens,
-                        "RingWrite", "shape mismatch"));
+  RETURN_IF_ERROR(op_checks::RingWrite(kv, ring, view_.num_tokens));
   RingWriteRef(ring.dim(2), ring.dim(1), view_, kv.ptr<float>(), ring.ptr<float>());
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::Route(const RouterParams& p, const Tensor& logits, const Tensor& bias,
                                const Tensor& tid2eid, Tensor idx, Tensor weights) {
-  RETURN_IF_ERROR(Check(Is(logits, DType::kF32, 2) && logits.dim(0) == view_.num_tokens &&
-                            Is(idx, DType::kI32, 2) && idx.dim(1) == p.top_k &&
-                            weights.numel() == idx.numel() &&
-                            (!p.hash || (Is(tid2eid, DType::kI32, 2) && tid2eid.dim(1) == p.top_k)) &&
-                            (bias.empty() || bias.numel() == logits.dim(1)),
-                        "Route", "shape mismatch"));
+  RETURN_IF_ERROR(op_checks::Route(p, logits, bias, tid2eid, idx, weights, view_.num_tokens));
   RouterShape s;
   s.tokens = logits.dim(0);
   s.experts = logits.dim(1);
@@ -409,12 +370,8 @@ absl::Status CpuBackend::Route(const RouterParams& p, const Tensor& logits, cons
 absl::Status CpuBackend::MoeExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,
                                     const Tensor& gate_up, const Tensor& down, float swiglu_limit,
                                     Tensor out) {
-  RETURN_IF_ERROR(Check(Is(u, DType::kF32, 2) && Is(idx, DType::kI32, 2) &&
-                            Is(gate_up, DType::kF32, 3) && Is(down, DType::kF32, 3) &&
-                            gate_up.dim(2) == u.dim(1) && down.dim(1) == u.dim(1) &&
-                            gate_up.dim(1) == 2 * down.dim(2) && gate_up.dim(0) == down.dim(0) &&
-                            out.numel() == u.numel() && idx.dim(0) == u.dim(0),
-                        "MoeExperts", "shape mismatch"));
+  RETURN_IF_ERROR(op_checks::MoeExperts(u, idx, weights, gate_up, down, out));
+  RETURN_IF_ERROR(F32Weight(gate_up, "MoeExperts"));
   ExpertsShape s;
   s.tokens = u.dim(0);
   s.dim = u.dim(1);
@@ -432,9 +389,7 @@ absl::Status CpuBackend::MoeExperts(const Tensor& u, const Tensor& idx, const Te
 }
 
 absl::Status CpuBackend::SwiGlu(const Tensor& gate_up, float limit, Tensor h) {
-  RETURN_IF_ERROR(Check(Is(gate_up, DType::kF32, 2) && Is(h, DType::kF32, 2) &&
-                            gate_up.dim(1) == 2 * h.dim(1) && gate_up.dim(0) == h.dim(0),
-                        "SwiGlu", "shape mismatch"));
+  RETURN_IF_ERROR(op_checks::SwiGlu(gate_up, h));
   SwiGluRef(gate_up.ptr<float>(), h.dim(0), h.dim(1), limit, h.ptr<float>());
   return absl::OkStatus();
 }

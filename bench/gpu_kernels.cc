@@ -1,0 +1,278 @@
+// GPU kernel benchmark: each DSV4 op of the CUDA backend at DSV4-Flash decode/prefill shapes,
+// with achieved HBM bandwidth (bytes each call must move at least once) or FLOP rate, next to the
+// ceilings: HBM measured here by a streaming add over 3 GiB, bf16 dense taken as 790 TFLOP/s.
+// Times are wall clock per call over many back-to-back launches on the backend's stream, closed
+// by a synchronising copy (launch overhead included: that is what an eager step pays).
+//   dsv4_gpu_kernels_bench [--iters N] [--precision bf16|fp32]
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/model_config.h"
+#include "worker/worker_factory.h"
+
+namespace dsv4 {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Ctx {
+  Backend* be = nullptr;
+  int iters = 50;
+  double hbm = 0;  // measured bytes/s
+};
+
+// Seconds per call of `op` (after one warm-up call).
+double Time(Ctx& c, const std::function<absl::Status()>& op, const Tensor& sync) {
+  float sink[1];
+  if (absl::Status s = op(); !s.ok()) {
+    std::fprintf(stderr, "op failed: %s\n", s.ToString().c_str());
+    std::exit(1);
+  }
+  (void)c.be->CopyToHost(sync.View(Shape{1}), sink);
+  const auto t0 = Clock::now();
+  for (int i = 0; i < c.iters; ++i) (void)op();
+  (void)c.be->CopyToHost(sync.View(Shape{1}), sink);
+  return std::chrono::duration<double>(Clock::now() - t0).count() / c.iters;
+}
+
+void Row(const Ctx& c, const std::string& op, const std::string& shape, double sec, double bytes,
+         double flops, bool bf16_flops) {
+  const double gbs = bytes / sec / 1e9;
+  const double tf = flops / sec / 1e12;
+  std::printf("%-18s %-34s %10.1f %10.1f %7.1f%% %9.2f %7.2f%%\n", op.c_str(), shape.c_str(),
+              sec * 1e6, gbs, 100.0 * bytes / sec / c.hbm, tf,
+              bf16_flops ? 100.0 * tf / 790.0 : 0.0);
+}
+
+void Meta(Backend* be, StepMeta* m, int32_t seqs, int32_t ctx, int32_t tokens_each,
+          int32_t block_size) {
+  *m = StepMeta{};
+  m->num_seqs = seqs;
+  m->block_size = block_size;
+  m->block_stride = (ctx + tokens_each + block_size - 1) / block_size;
+  for (int32_t s = 0; s < seqs; ++s) {
+    m->seq_begin.push_back(static_cast<int32_t>(m->token_ids.size()));
+    m->seq_start_pos.push_back(ctx);
+    m->state_slot.push_back(s);
+    for (int32_t b = 0; b < m->block_stride; ++b) m->block_table.push_back(s * m->block_stride + b);
+    for (int32_t i = 0; i < tokens_each; ++i) {
+      m->token_ids.push_back((s * 31 + i) % 1000);
+      m->positions.push_back(ctx + i);
+      m->token_seq.push_back(s);
+    }
+    m->logit_rows.push_back(static_cast<int32_t>(m->token_ids.size()) - 1);
+  }
+  m->seq_begin.push_back(static_cast<int32_t>(m->token_ids.size()));
+  m->num_tokens = static_cast<int32_t>(m->token_ids.size());
+  (void)be->BeginStep(*m);
+}
+
+Tensor Rand(Backend* be, Shape shape, uint64_t seed, float a, WeightUse use = WeightUse::kParam) {
+  SyntheticSpec spec{DType::kF32, shape, seed, -a, a, 1};
+  auto t = be->CreateSyntheticWeight(spec, use);
+  if (!t.ok()) {
+    std::fprintf(stderr, "%s\n", t.status().ToString().c_str());
+    std::exit(1);
+  }
+  return *t;
+}
+
+int Main(int argc, char** argv) {
+  Ctx c;
+  Precision prec = Precision::kBF16;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) c.iters = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--precision") && i + 1 < argc) {
+      auto p = ParsePrecision(argv[++i]);
+      if (!p.ok()) return std::fprintf(stderr, "%s\n", p.status().ToString().c_str()), 2;
+      prec = *p;
+    } else {
+      std::fprintf(stderr, "usage: %s [--iters N] [--precision bf16|fp32]\n", argv[0]);
+      return 2;
+    }
+  }
+  auto backend = CreateCudaBackend(0, prec);
+  if (!backend.ok()) return std::fprintf(stderr, "%s\n", backend.status().ToString().c_str()), 1;
+  c.be = backend->get();
+  Backend& be = *c.be;
+  const double wb = prec == Precision::kBF16 ? 2 : 4;
+  StepMeta meta;
+
+  // HBM ceiling: y = a + b over 1 GiB arrays (3 GiB moved).
+  {
+    Meta(c.be, &meta, 1, 0, 1, 128);
+    const int64_t n = 1 << 28;
+    Tensor a = Rand(c.be, Shape{n}, 1, 1), b = Rand(c.be, Shape{n}, 2, 1);
+    Tensor y = *be.CreatePool(DType::kF32, Shape{n});
+    c.hbm = 1;  // placeholder for the first row
+    const double t = Time(c, [&] { return be.Add(a, b, y); }, y);
+    c.hbm = 3.0 * n * 4 / t;
+    std::printf("measured HBM ceiling (streaming add, 3 GiB): %.0f GB/s\n", c.hbm / 1e9);
+  }
+  std::printf("precision=%s iters=%d\n", PrecisionName(prec), c.iters);
+  std::printf("%-18s %-34s %10s %10s %8s %9s %8s\n", "op", "shape", "us/call", "GB/s", "%HBM",
+              "TFLOP/s", "%bf16");
+
+  // GEMMs of a decode/prefill step (weights dominate the bytes).
+  struct G {
+    const char* name;
+    int64_t n, k;
+  };
+  for (const G& g : std::vector<G>{{"q_a_proj", 1024, 4096},
+                                   {"q_b_proj", 32768, 1024},
+                                   {"kv_proj", 512, 4096},
+                                   {"o_b_proj", 4096, 8192},
+                                   {"lm_head", 129280, 4096}}) {
+    Tensor w = Rand(c.be, Shape{g.n, g.k}, 3, 0.02f, WeightUse::kMatrix);
+    for (int64_t m : {1, 8, 64, 256, 2048}) {
+      Meta(c.be, &meta, 1, 0, 1, 128);
+      Tensor x = *be.Scratch(DType::kF32, Shape{m, g.k});
+      Tensor y = *be.Scratch(DType::kF32, Shape{m, g.n});
+      const double t = Time(c, [&] { return be.Linear(x, w, y); }, y);
+      Row(c, g.name, "M=" + std::to_string(m) + " N=" + std::to_string(g.n) + " K=" + std::to_string(g.k), t,
+          g.n * g.k * wb + m * (g.k + g.n) * 4.0, 2.0 * m * g.n * g.k, prec == Precision::kBF16);
+    }
+  }
+  {
+    Tensor w = Rand(c.be, Shape{8 * 1024, 4096}, 4, 0.02f, WeightUse::kMatrix);
+    for (int64_t m : {1, 8, 64, 256}) {
+      Meta(c.be, &meta, 1, 0, 1, 128);
+      Tensor x = *be.Scratch(DType::kF32, Shape{m, 8 * 4096});
+      Tensor y = *be.Scratch(DType::kF32, Shape{m, 8 * 1024});
+      const double t = Time(c, [&] { return be.GroupedLinear(x, w, 8, y); }, y);
+      Row(c, "o_a_grouped", "M=" + std::to_string(m) + " 8x(1024x4096)", t,
+          8.0 * 1024 * 4096 * wb + m * (8 * 4096 + 8 * 1024) * 4.0, 2.0 * m * 8 * 1024 * 4096,
+          prec == Precision::kBF16);
+    }
+  }
+
+  // Norms, RoPE, mHC at batch sizes.
+  Tensor inv = Rand(c.be, Shape{32}, 5, 0.5f);
+  Tensor fn = Rand(c.be, Shape{24, 4 * 4096}, 6, 0.008f), base = Rand(c.be, Shape{24}, 7, 0.1f);
+  Tensor scale = Rand(c.be, Shape{3}, 8, 1.0f), normw = Rand(c.be, Shape{4096}, 9, 1.0f);
+  for (int32_t T : {1, 64, 256}) {
+    Meta(c.be, &meta, T, 1000, 1, 128);
+    const std::string sh = "T=" + std::to_string(T);
+    Tensor x = *be.Scratch(DType::kF32, Shape{T, 4096}), y = *be.Scratch(DType::kF32, Shape{T, 4096});
+    double t = Time(c, [&] { return be.RmsNorm(x, normw, RmsNormParams{}, y); }, y);
+    Row(c, "rms_norm", sh + " D=4096", t, 2.0 * T * 4096 * 4, 0, false);
+    Tensor q = *be.Scratch(DType::kF32, Shape{T, 64, 512});
+    RopeParams rp;
+    rp.rope_dims = 64;
+    rp.inv_freq = inv;
+    t = Time(c, [&] { return be.Rope(q, rp); }, q);
+    Row(c, "rope", sh + " 64x512 rd=64", t, 2.0 * T * 64 * 64 * 4, 0, false);
+    Tensor hs = *be.Scratch(DType::kF32, Shape{T, 4, 4096}), hs2 = *be.Scratch(DType::kF32, Shape{T, 4, 4096});
+    Tensor post = *be.Scratch(DType::kF32, Shape{T, 4}), comb = *be.Scratch(DType::kF32, Shape{T, 4, 4});
+    HcParams hp;
+    t = Time(c, [&] { return be.HcPre(hs, fn, base, scale, hp, y, post, comb); }, y);
+    Row(c, "hc_pre", sh + " n=4 D=4096", t, T * 4.0 * 4096 * 4 + 24.0 * 4 * 4096 * 4, 2.0 * T * 24 * 4 * 4096, false);
+    t = Time(c, [&] { return be.HcPost(hs, x, post, comb, hs2); }, hs2);
+    Row(c, "hc_post", sh + " n=4 D=4096", t, T * 9.0 * 4096 * 4, 0, false);
+  }
+
+  // Attention, indexer and compressors at decode (batch x context).
+  const int64_t H = 64, hd = 512, W = 128;
+  for (int32_t B : {1, 8, 64}) {
+    for (int32_t ctx : {1024, 16384, 65536}) {
+      Meta(c.be, &meta, B, ctx, 1, 128);
+      const int64_t blocks = int64_t{B} * meta.block_stride;
+      const std::string sh = "B=" + std::to_string(B) + " ctx=" + std::to_string(ctx);
+      Tensor q = *be.Scratch(DType::kF32, Shape{B, H, hd}), kv = *be.Scratch(DType::kF32, Shape{B, hd});
+      Tensor o = *be.Scratch(DType::kF32, Shape{B, H, hd});
+      Tensor ring = *be.CreatePool(DType::kF32, Shape{B, W, hd});
+      Tensor sinks = Rand(c.be, Shape{H}, 10, 0.1f);
+      // CSA: the indexer over ctx/4 candidates (top-512), then attention over window + 512.
+      Tensor keys = *be.CreatePool(DType::kF32, Shape{blocks, 32, 128});
+      Tensor qi = *be.Scratch(DType::kF32, Shape{B, 64, 128}), wi = *be.Scratch(DType::kF32, Shape{B, 64});
+      Tensor sel = *be.Scratch(DType::kI32, Shape{B, 512});
+      IndexerParams ip;
+      ip.ratio = 4;
+      ip.topk = 512;
+      double t = Time(c, [&] { return be.IndexerTopK(ip, qi, wi, keys, sel); }, qi);
+      const double cand = (ctx + 1) / 4;
+      Row(c, "indexer_topk512", sh, t, B * cand * 128 * 4.0, 2.0 * B * cand * 64 * 128, false);
+      Tensor entries4 = *be.CreatePool(DType::kF32, Shape{blocks, 32, hd});
+      AttentionParams ap;
+      ap.window = W;
+      ap.ratio = 4;
+      ap.scale = 0.044f;
+      t = Time(c, [&] { return be.Attention(ap, q, kv, ring, entries4, sel, sinks, o); }, o);
+      Row(c, "attention_csa", sh + " W=128+512", t, B * (W + 512.0) * hd * 4 + 2.0 * B * H * hd * 4,
+          4.0 * B * H * (W + 512) * hd, false);
+      Tensor entries128 = *be.CreatePool(DType::kF32, Shape{blocks, 1, hd});
+      ap.ratio = 128;
+      ap.dense_compressed = true;
+      t = Time(c, [&] { return be.Attention(ap, q, kv, ring, entries128, Tensor{}, sinks, o); }, o);
+      const double hca = (ctx + 1) / 128;
+      Row(c, "attention_hca", sh + " W=128+ctx/128", t,
+          B * (W + hca) * hd * 4 + 2.0 * B * H * hd * 4, 4.0 * B * H * (W + hca) * hd, false);
+      // Compressor step (CSA main: m=4, c=2, d=512).
+      CompressParams cp;
+      cp.ratio = 4;
+      cp.overlap = 2;
+      cp.dim = 512;
+      cp.position_bias = Rand(c.be, Shape{4, 1024}, 11, 0.1f);
+      cp.norm_weight = normw.View(Shape{512});
+      cp.rope.rope_dims = 64;
+      cp.rope.inv_freq = inv;
+      Tensor state = *be.CreatePool(DType::kF32, Shape{B, CompressStateFloats(4, 2, 512)});
+      Tensor a = *be.Scratch(DType::kF32, Shape{B, 1024}), z = *be.Scratch(DType::kF32, Shape{B, 1024});
+      if (ctx == 1024) {
+        t = Time(c, [&] { return be.Compress(cp, a, z, state, entries4); }, a);
+        Row(c, "compress_csa", "B=" + std::to_string(B) + " m=4 c=2 d=512", t,
+            B * CompressStateFloats(4, 2, 512) * 4.0 * 2, 0, false);
+      }
+    }
+  }
+
+  // MoE: router and grouped experts at Flash width (256 experts, top-6, 4096 x 2048).
+  {
+    Tensor gate_up = Rand(c.be, Shape{256, 4096, 4096}, 12, 0.02f, WeightUse::kMatrix);
+    Tensor down = Rand(c.be, Shape{256, 4096, 2048}, 13, 0.02f, WeightUse::kMatrix);
+    Tensor bias = Rand(c.be, Shape{256}, 14, 0.01f);
+    for (int32_t T : {1, 8, 64, 256}) {
+      Meta(c.be, &meta, T, 100, 1, 128);
+      const std::string sh = "T=" + std::to_string(T);
+      Tensor logits = *be.Scratch(DType::kF32, Shape{T, 256});
+      Tensor idx = *be.Scratch(DType::kI32, Shape{T, 6}), wts = *be.Scratch(DType::kF32, Shape{T, 6});
+      RouterParams rp;
+      rp.top_k = 6;
+      // Distinct random experts per token.
+      std::vector<int32_t> ids(T * 6);
+      std::mt19937 rng(15);
+      for (int32_t t = 0; t < T; ++t) {
+        std::vector<int32_t> e(256);
+        std::iota(e.begin(), e.end(), 0);
+        std::shuffle(e.begin(), e.end(), rng);
+        std::copy(e.begin(), e.begin() + 6, ids.begin() + t * 6);
+      }
+      double t = Time(c, [&] { return be.Route(rp, logits, bias, Tensor{}, idx, wts); }, wts);
+      Row(c, "router", sh + " E=256 K=6", t, T * 256 * 4.0, 0, false);
+      (void)be.CopyFromHost(ids.data(), idx);
+      int distinct = 0;
+      {
+        std::vector<char> seen(256, 0);
+        for (int32_t e : ids) distinct += seen[e] ? 0 : (seen[e] = 1);
+      }
+      Tensor u = *be.Scratch(DType::kF32, Shape{T, 4096}), out = *be.Scratch(DType::kF32, Shape{T, 4096});
+      t = Time(c, [&] { return be.MoeExperts(u, idx, wts, gate_up, down, 10.0f, out); }, out);
+      Row(c, "moe_experts", sh + " distinct=" + std::to_string(distinct), t,
+          distinct * 3.0 * 4096 * 2048 * wb, 6.0 * T * 6 * 4096 * 2048, prec == Precision::kBF16);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace dsv4
+
+int main(int argc, char** argv) { return dsv4::Main(argc, argv); }

@@ -1,0 +1,31 @@
+// CUDA launcher: DSV4 attention for decode and prefill: per query token, one softmax (with the
+// per-head sink) over the raw sliding window and the compressed entries (all visible ones for HCA,
+// the indexer's selection for CSA). MQA: the single K=V latent is shared by every head, so a block
+// stages each chunk of keys once for a group of heads. Semantics of kernels/attention_ref.h.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/ragged_batch.h"
+
+namespace dsv4::cuda {
+
+struct AttentionDims {
+  int64_t heads = 0;
+  int64_t dim = 0;      // multiple of 64, <= 1024
+  int64_t window = 0;
+  int64_t ratio = 0;
+  int64_t topk = 0;
+  bool dense_compressed = false;
+  float scale = 1;
+};
+
+absl::Status Attention(const AttentionDims& s, const RaggedBatchView& b, const float* q,
+                       const float* kv, const float* ring, const float* entries,
+                       const int32_t* selected, const float* sinks, float* out,
+                       cudaStream_t stream);
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,179 @@
+#include "kernels/cuda/elementwise.h"
+
+#include <cuda_bf16.h>
+
+#include "kernels/common/cuda_check.h"
+#include "kernels/counter_rng.h"
+
+namespace dsv4::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+inline int Blocks(int64_t n, int per_block = kThreads) {
+  const int64_t b = (n + per_block - 1) / per_block;
+  return static_cast<int>(b < 65535 * 32 ? (b > 0 ? b : 1) : 65535 * 32);
+}
+
+__device__ __forceinline__ float Bf16(uint16_t v) { return __uint_as_float(static_cast<uint32_t>(v) << 16); }
+
+__device__ __forceinline__ uint16_t ToBf16(float f) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+
+
+template <typename T>
+__global__ void EmbedKernel(const T* table, int64_t vocab, int64_t dim, const int32_t* ids,
+                            int32_t tokens, float* out) {
+  const int32_t t = blockIdx.x;
+  if (t >= tokens) return;
+  const int64_t id = ids[t];
+  const T* row = table + id * dim;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    if constexpr (sizeof(T) == 2) {
+      out[t * dim + i] = Bf16(row[i]);
+    } else {
+      out[t * dim + i] = row[i];
+    }
+  }
+}
+
+__global__ void AddKernel(const float* a, const float* b, float* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    y[i] = a[i] + b[i];
+  }
+}
+
+__global__ void CastToBf16Kernel(const float* x, uint16_t* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    y[i] = ToBf16(x[i]);
+  }
+}
+
+__global__ void CastToF32Kernel(const uint16_t* x, float* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    y[i] = Bf16(x[i]);
+  }
+}
+
+__global__ void GatherRowsKernel(const float* x, int64_t width, const int32_t* rows, float* out) {
+  const int64_t r = blockIdx.x;
+  const float* src = x + static_cast<int64_t>(rows[r]) * width;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) out[r * width + i] = src[i];
+}
+
+__global__ void HcExpandKernel(const float* x, int64_t n, int64_t dim, float* hs) {
+  const int64_t t = blockIdx.x;
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) hs[(t * n + j) * dim + i] = x[t * dim + i];
+  }
+}
+
+__global__ void RingWriteKernel(const float* kv, int64_t dim, int64_t window, RaggedBatchView b,
+                                float* ring) {
+  const int32_t t = blockIdx.x;
+  const int32_t seq = b.token_seq[t];
+  float* dst = ring + (static_cast<int64_t>(b.state_slot[seq]) * window + b.positions[t] % window) * dim;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = kv[t * dim + i];
+}
+
+__global__ void FillUniformKernel(void* x, bool bf16, int64_t n, uint64_t seed, float lo, float hi) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float v = SyntheticUniform(seed, static_cast<uint64_t>(i), lo, hi);
+    if (bf16) {
+      static_cast<uint16_t*>(x)[i] = ToBf16(v);
+    } else {
+      static_cast<float*>(x)[i] = v;
+    }
+  }
+}
+
+__global__ void FillIndicesKernel(int32_t* x, int64_t n, uint64_t seed, int32_t modulus) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    x[i] = SyntheticIndex(seed, static_cast<uint64_t>(i), modulus);
+  }
+}
+
+}  // namespace
+
+absl::Status Embed(const void* table, DType table_dtype, int64_t vocab, int64_t dim,
+                   const RaggedBatchView& b, float* out, cudaStream_t stream) {
+  if (b.num_tokens == 0) return absl::OkStatus();
+  if (table_dtype == DType::kBF16) {
+    EmbedKernel<<<b.num_tokens, kThreads, 0, stream>>>(static_cast<const uint16_t*>(table), vocab,
+                                                       dim, b.token_ids, b.num_tokens, out);
+  } else {
+    EmbedKernel<<<b.num_tokens, kThreads, 0, stream>>>(static_cast<const float*>(table), vocab, dim,
+                                                       b.token_ids, b.num_tokens, out);
+  }
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status Add(const float* a, const float* b, float* y, int64_t n, cudaStream_t stream) {
+  if (n == 0) return absl::OkStatus();
+  AddKernel<<<Blocks(n), kThreads, 0, stream>>>(a, b, y, n);
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status CastToBf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
+  if (n == 0) return absl::OkStatus();
+  CastToBf16Kernel<<<Blocks(n), kThreads, 0, stream>>>(x, y, n);
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status CastToF32(const uint16_t* x, float* y, int64_t n, cudaStream_t stream) {
+  if (n == 0) return absl::OkStatus();
+  CastToF32Kernel<<<Blocks(n), kThreads, 0, stream>>>(x, y, n);
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status GatherRows(const float* x, int64_t width, const int32_t* rows, int64_t num_rows,
+                        float* out, cudaStream_t stream) {
+  if (num_rows == 0) return absl::OkStatus();
+  GatherRowsKernel<<<static_cast<unsigned>(num_rows), kThreads, 0, stream>>>(x, width, rows, out);
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status HcExpand(const float* x, int64_t tokens, int64_t n, int64_t dim, float* hs,
+                      cudaStream_t stream) {
+  if (tokens == 0) return absl::OkStatus();
+  HcExpandKernel<<<static_cast<unsigned>(tokens), kThreads, 0, stream>>>(x, n, dim, hs);
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status RingWrite(const float* kv, int64_t dim, int64_t window, const RaggedBatchView& b,
+                       float* ring, cudaStream_t stream) {
+  if (b.num_tokens == 0) return absl::OkStatus();
+  RingWriteKernel<<<b.num_tokens, 128, 0, stream>>>(kv, dim, window, b, ring);
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status FillUniform(void* x, DType dtype, int64_t n, uint64_t seed, float lo, float hi,
+                         cudaStream_t stream) {
+  if (n == 0) return absl::OkStatus();
+  FillUniformKernel<<<Blocks(n, kThreads * 8), kThreads, 0, stream>>>(x, dtype == DType::kBF16, n,
+                                                                      seed, lo, hi);
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status FillIndices(int32_t* x, int64_t n, uint64_t seed, int32_t modulus, cudaStream_t stream) {
+  if (n == 0) return absl::OkStatus();
+  FillIndicesKernel<<<Blocks(n, kThreads * 8), kThreads, 0, stream>>>(x, n, seed, modulus);
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+}  // namespace dsv4::cuda

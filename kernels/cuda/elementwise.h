@@ -1,0 +1,39 @@
+// CUDA launchers: gathers, casts, adds, the window ring, synthetic fills. Activations are fp32;
+// big weight matrices are bf16 or fp32 (WDType). Every launcher enqueues on `stream` and returns
+// the launch status; none synchronises.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "common/dtype.h"
+#include "kernels/ragged_batch.h"
+
+namespace dsv4::cuda {
+
+// out[T, D] = table[token_ids[t]] (table fp32 or bf16).
+absl::Status Embed(const void* table, DType table_dtype, int64_t vocab, int64_t dim,
+                   const RaggedBatchView& b, float* out, cudaStream_t stream);
+// y = a + b (n floats).
+absl::Status Add(const float* a, const float* b, float* y, int64_t n, cudaStream_t stream);
+// bf16 <-> fp32 conversions (n elements).
+absl::Status CastToBf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
+absl::Status CastToF32(const uint16_t* x, float* y, int64_t n, cudaStream_t stream);
+// out[r, :] = x[rows[r], :] for r < num_rows; rows on the device.
+absl::Status GatherRows(const float* x, int64_t width, const int32_t* rows, int64_t num_rows,
+                        float* out, cudaStream_t stream);
+// hs[t, j, :] = x[t, :] for j < n.
+absl::Status HcExpand(const float* x, int64_t tokens, int64_t n, int64_t dim, float* hs,
+                      cudaStream_t stream);
+// ring[slot][pos % W] = kv[t] for every token.
+absl::Status RingWrite(const float* kv, int64_t dim, int64_t window, const RaggedBatchView& b,
+                       float* ring, cudaStream_t stream);
+// Deterministic pseudo-random fill: x[i] = lo + (hi - lo) * U(seed, i), as fp32 or bf16.
+absl::Status FillUniform(void* x, DType dtype, int64_t n, uint64_t seed, float lo, float hi,
+                         cudaStream_t stream);
+// Integer fill for hash tables: x[i] = U(seed, i) * modulus.
+absl::Status FillIndices(int32_t* x, int64_t n, uint64_t seed, int32_t modulus, cudaStream_t stream);
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,34 @@
+// CUDA launchers: the lightning indexer (dsv4-model.md §8). Scoring of every visible compressed
+// entry and a causal top-k per token (radix select, lowest index wins ties, output ascending and
+// -1 padded: the same sets as kernels/indexer_ref.h).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/ragged_batch.h"
+
+namespace dsv4::cuda {
+
+struct IndexerDims {
+  int64_t heads = 0;   // nI
+  int64_t dim = 0;     // dI
+  int64_t ratio = 4;
+  int64_t topk = 0;
+  float weight_scale = 1;
+  float score_scale = 1;
+};
+
+// Fills out[t] with the first min(V_t, topk) entries (the short-context shortcut, valid only when
+// every token's visible count V_t <= topk). Launched alone when the host knows that.
+absl::Status IndexerSelectAll(const IndexerDims& s, const RaggedBatchView& b, int32_t* out,
+                              cudaStream_t stream);
+// Scores every visible entry (scores [T, max_visible]) then selects per token; tokens with
+// V_t <= topk and no forced scoring take all their entries. `max_visible` bounds V_t.
+absl::Status IndexerTopK(const IndexerDims& s, const RaggedBatchView& b, const float* q,
+                         const float* w, const float* keys, int64_t max_visible, float* scores,
+                         int32_t* out, cudaStream_t stream);
+
+}  // namespace dsv4::cuda

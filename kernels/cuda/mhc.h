@@ -1,0 +1,32 @@
+// CUDA launchers: manifold-constrained hyper-connections (dsv4-model.md §4), all fp32.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace dsv4::cuda {
+
+struct HcDims {
+  int64_t tokens = 0;
+  int64_t n = 4;
+  int64_t dim = 0;
+  int64_t sinkhorn_iters = 20;
+  float hc_eps = 1e-6f;
+  float norm_eps = 1e-6f;
+};
+
+// collapsed [T, D], post [T, n], comb [T, n, n] from hs [T, n, D] (n <= 8).
+absl::Status HcPre(const HcDims& d, const float* hs, const float* fn, const float* base,
+                   const float* scale, float* collapsed, float* post, float* comb,
+                   cudaStream_t stream);
+// out[t, k] = post[t, k] f[t] + Σ_j comb[t, j, k] hs[t, j]
+absl::Status HcPost(const HcDims& d, const float* hs, const float* f, const float* post,
+                    const float* comb, float* out, cudaStream_t stream);
+// y [T, D] = Σ_j (σ(mix_j scale + base_j) + eps) hs[t, j], mix = rms-normed flatten(hs) · fnᵀ.
+absl::Status HcHead(const HcDims& d, const float* hs, const float* fn, const float* base,
+                    const float* scale, float* y, cudaStream_t stream);
+
+}  // namespace dsv4::cuda

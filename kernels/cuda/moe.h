@@ -1,0 +1,51 @@
+// CUDA launchers for the MoE block (dsv4-model.md §10): routing, the assignment sort by expert,
+// grouped expert GEMMs that read each active expert's weights once per group of tokens, clamped
+// SwiGLU and a deterministic combine (sums over k in order, no atomics).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "common/dtype.h"
+#include "kernels/ragged_batch.h"
+
+namespace dsv4::cuda {
+
+struct RouterDims {
+  int64_t tokens = 0;
+  int64_t experts = 0;  // <= 1024
+  int64_t top_k = 0;    // <= 16
+  float routed_scale = 1;
+};
+
+// logits [T, E] -> idx [T, K], weights [T, K]. tid2eid [V, K] (hash) or bias [E] (score) may be
+// null; token ids from `token_ids`.
+absl::Status Route(const RouterDims& d, const float* logits, const float* bias,
+                   const int32_t* tid2eid, const int32_t* token_ids, int32_t* idx, float* weights,
+                   cudaStream_t stream);
+
+// h[M, I] = silu(min(gu[:, :I], L)) * clamp(gu[:, I:], -L, L)
+absl::Status SwiGlu(const float* gate_up, int64_t rows, int64_t inter, float limit, float* h,
+                    cudaStream_t stream);
+
+struct ExpertsDims {
+  int64_t tokens = 0;
+  int64_t dim = 0;      // D
+  int64_t inter = 0;    // I
+  int64_t experts = 0;  // E
+  int64_t top_k = 0;    // K
+  float swiglu_limit = 10;
+};
+
+// Bytes of device workspace MoeExperts needs for `tokens` tokens.
+size_t MoeWorkspaceBytes(const ExpertsDims& d);
+
+// out[T, D] = Σ_k weights[t,k] · down[e] · SwiGLU(gate_up[e] · u[t]), e = idx[t,k].
+// gate_up [E, 2I, D], down [E, D, I] in fp32 or bf16 (`wdtype`).
+absl::Status MoeExperts(const ExpertsDims& d, const float* u, const int32_t* idx,
+                        const float* weights, const void* gate_up, const void* down, DType wdtype,
+                        void* workspace, float* out, cudaStream_t stream);
+
+}  // namespace dsv4::cuda

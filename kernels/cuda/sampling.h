@@ -1,0 +1,55 @@
+// CUDA launcher: sampling on the GPU, one block per logits row, with the semantics of
+// kernels/sampling_ref.h (penalties, min-tokens masking, greedy / temperature / top-k / min-p /
+// top-p with Gumbel-max draws from the request's (seed, step) stream) plus raw log-probabilities.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace dsv4::cuda {
+
+constexpr int kMaxLogprobs = 20;
+
+// Per row, in device memory.
+struct SampleRow {
+  float temperature;
+  float top_p;
+  float min_p;
+  float repetition_penalty;
+  float presence_penalty;
+  float frequency_penalty;
+  int32_t top_k;
+  int32_t min_tokens;
+  int32_t output_index;   // the request's step: RNG counter and the min-tokens test
+  int32_t logprobs;       // top-n to return (<= kMaxLogprobs)
+  int32_t counts_row;     // row of the penalty count tables, -1 = no penalties
+  int32_t mask_offset;    // ids masked until min_tokens, in `mask_ids`
+  int32_t mask_count;
+  uint64_t seed;
+};
+
+struct SampleOut {
+  int32_t token;
+  float logprob;
+  int32_t top_ids[kMaxLogprobs];
+  float top_logprobs[kMaxLogprobs];
+};
+
+// logits [rows, vocab] (read only); work [rows, vocab] scratch for the penalized row. seen/output
+// counts [count rows, vocab] int32 (may be null when no row has counts_row >= 0).
+absl::Status Sample(const float* logits, int64_t rows, int64_t vocab, const SampleRow* params,
+                    const int32_t* mask_ids, const int32_t* seen_counts,
+                    const int32_t* output_counts, float* work, SampleOut* out,
+                    cudaStream_t stream);
+
+// Penalty bookkeeping: zero the count rows listed in `reset_rows` (n_reset), then add each fed
+// token: seen[row[t]][token[t]] += 1, and output[...] += 1 when is_output[t]. Rows < 0 are skipped.
+absl::Status UpdateCounts(const int32_t* reset_rows, int64_t n_reset, const int32_t* rows,
+                          const int32_t* tokens, const uint8_t* is_output, int64_t n_tokens,
+                          int64_t vocab, int32_t* seen_counts, int32_t* output_counts,
+                          cudaStream_t stream);
+
+}  // namespace dsv4::cuda

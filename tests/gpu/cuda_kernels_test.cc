@@ -1,0 +1,552 @@
+// Every CUDA op against the CPU reference (label `gpu`), over shape sweeps that include the real
+// DSV4-Flash shapes: hidden 4096, 64 heads x 512, q_lora 1024, o_groups 8 x 1024, indexer 64 x 128
+// with top-512 (and 1024) over up to 256k candidates, ratios 4 and 128, window 128, 256 experts
+// top-6 (2048 wide), hc_mult 4, vocab 129280. fp32 backend unless a test says bf16.
+#include <algorithm>
+#include <numeric>
+#include <set>
+
+#include "kernels/indexer_ref.h"
+#include "tests/gpu/backend_pair.h"
+
+namespace dsv4 {
+namespace {
+
+using testing::BackendPair;
+using testing::Both;
+using testing::Close;
+using testing::RandomVec;
+using testing::SeqSpec;
+
+constexpr int32_t kBlock = 128;  // the Flash default block (lcm of ratios 4 and 128)
+
+RopeConfig FlashCompressRope() {
+  RopeConfig r;
+  r.yarn = true;
+  r.theta = 160000;
+  r.factor = 16;
+  r.original_max_position = 65536;
+  r.beta_fast = 32;
+  r.beta_slow = 1;
+  return r;
+}
+
+std::vector<SeqSpec> Decode(int32_t n, int32_t start = 0) {
+  return std::vector<SeqSpec>(n, SeqSpec{start, 1});
+}
+
+// ---- GEMMs ----
+
+struct GemmCase {
+  int64_t m, n, k;
+};
+
+TEST(CudaOps, LinearFp32MatchesReference) {
+  DSV4_REQUIRE_GPU();
+  BackendPair p;
+  for (const GemmCase& c : std::vector<GemmCase>{{1, 1024, 4096},   // q_a
+                                                  {7, 32768, 1024},  // q_b
+                                                  {130, 512, 4096},  // kv
+                                                  {3, 4096, 8192},   // o_b
+                                                  {64, 256, 4096},   // router
+                                                  {5, 33, 17}}) {
+    SCOPED_TRACE(::testing::Message() << c.m << "x" << c.n << "x" << c.k);
+    p.Begin(Decode(1), kBlock);
+    Both x = p.Input(Shape{c.m, c.k}, RandomVec(c.m * c.k, 1));
+    Both w = p.Weight(Shape{c.n, c.k}, RandomVec(c.n * c.k, 2, -0.05f, 0.05f), WeightUse::kMatrix);
+    Both y = p.Scratch(DType::kF32, Shape{c.m, c.n});
+    ASSERT_TRUE(p.cpu.Linear(x.c, w.c, y.c).ok());
+    const absl::Status s = p.gpu->Linear(x.g, w.g, y.g);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(p.Same(y, 1e-4, 1e-4));
+  }
+}
+
+TEST(CudaOps, LinearBf16MatchesReferenceOnRoundedOperands) {
+  DSV4_REQUIRE_GPU();
+  BackendPair p(Precision::kBF16);
+  for (const GemmCase& c : std::vector<GemmCase>{{1, 129280, 4096},  // lm_head
+                                                  {8, 1024, 4096},
+                                                  {256, 4096, 2048}}) {
+    SCOPED_TRACE(::testing::Message() << c.m << "x" << c.n << "x" << c.k);
+    p.Begin(Decode(1), kBlock);
+    const auto xv = RandomVec(c.m * c.k, 3);
+    const auto wv = RandomVec(c.n * c.k, 4, -0.05f, 0.05f);
+    Both w = p.Weight(Shape{c.n, c.k}, wv, WeightUse::kMatrix);
+    ASSERT_EQ(w.g.dtype, DType::kBF16);
+    // The reference sees the bf16-rounded operands; what remains is accumulation order.
+    HostTensor wr{DType::kF32, Shape{c.n, c.k}, testing::RoundBf16(wv), {}};
+    w.c = *p.cpu.CreateWeight(wr, WeightUse::kMatrix);
+    Both x = p.Input(Shape{c.m, c.k}, xv);
+    Both xr = p.Input(Shape{c.m, c.k}, testing::RoundBf16(xv));
+    Both y = p.Scratch(DType::kF32, Shape{c.m, c.n});
+    ASSERT_TRUE(p.cpu.Linear(xr.c, w.c, y.c).ok());
+    const absl::Status s = p.gpu->Linear(x.g, w.g, y.g);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(p.Same(y, 1e-4, 1e-4));
+  }
+}
+
+TEST(CudaOps, GroupedOutputProjectionMatchesReference) {
+  DSV4_REQUIRE_GPU();
+  BackendPair p;
+  // o_a_proj: 8 groups, each (8 heads x 512) -> 1024.
+  for (int64_t m : {1, 9, 64}) {
+    p.Begin(Decode(1), kBlock);
+    const int64_t g = 8, k = 4096, n = 1024;
+    Both x = p.Input(Shape{m, g * k}, RandomVec(m * g * k, 5));
+    Both w = p.Weight(Shape{g * n, k}, RandomVec(g * n * k, 6, -0.03f, 0.03f), WeightUse::kMatrix);
+    Both y = p.Scratch(DType::kF32, Shape{m, g * n});
+    ASSERT_TRUE(p.cpu.GroupedLinear(x.c, w.c, g, y.c).ok());
+    const absl::Status s = p.gpu->GroupedLinear(x.g, w.g, g, y.g);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(p.Same(y, 1e-4, 1e-4)) << "m=" << m;
+  }
+}
+
+// ---- norms, RoPE, elementwise ----
+
+TEST(CudaOps, RmsNormWeightedAndUnweighted) {
+  DSV4_REQUIRE_GPU();
+  BackendPair p;
+  for (int64_t dim : {4096, 1024, 512, 128, 96}) {
+    for (int64_t rows : {1, 33, 257}) {
+      p.Begin(Decode(1), kBlock);
+      Both x = p.Input(Shape{rows, dim}, RandomVec(rows * dim, 8, -3, 3));
+      Both w = p.Weight(Shape{dim}, RandomVec(dim, 9, 0.5f, 1.5f));
+      Both y = p.Scratch(DType::kF32, Shape{rows, dim});
+      RmsNormParams np{1e-6f};
+      ASSERT_TRUE(p.cpu.RmsNorm(x.c, w.c, np, y.c).ok());
+      ASSERT_TRUE(p.gpu->RmsNorm(x.g, w.g, np, y.g).ok());
+      EXPECT_TRUE(p.Same(y, 1e-5, 1e-5)) << rows << "x" << dim;
+      // Unweighted, in place (the per-head query norm).
+      ASSERT_TRUE(p.cpu.RmsNorm(x.c, Tensor{}, np, x.c).ok());
+      ASSERT_TRUE(p.gpu->RmsNorm(x.g, Tensor{}, np, x.g).ok());
+      EXPECT_TRUE(p.Same(x, 1e-5, 1e-5)) << rows << "x" << dim;
+    }
+  }
+}
+
+TEST(CudaOps, RopeMainAndYarnForwardAndInverse) {
+  DSV4_REQUIRE_GPU();
+  BackendPair p;
+  RopeConfig main_rope;
+  main_rope.theta = 10000;
+  const RopeConfig yarn = FlashCompressRope();
+  struct Case {
+    int64_t heads, dim;
+  };
+  for (const RopeConfig& rc : {main_rope, yarn}) {
+    for (const Case& c : std::vector<Case>{{64, 512}, {64, 128}, {1, 512}}) {
+      // Decode tokens at far positions and a prefill chunk.
+      p.Begin({{0, 17}, {4095, 1}, {65536, 1}, {1048000, 2}}, kBlock);
+      const int64_t T = p.meta.num_tokens, rd = 64;
+      Both freq = p.Weight(Shape{rd / 2}, RopeInvFreq(rc, rd));
+      RopeParams rp;
+      rp.rope_dims = rd;
+      rp.inv_freq = freq.c;
+      Both x = p.Input(Shape{T, c.heads, c.dim}, RandomVec(T * c.heads * c.dim, 10));
+      for (bool inverse : {false, true}) {
+        rp.inverse = inverse;
+        rp.inv_freq = freq.c;
+        ASSERT_TRUE(p.cpu.Rope(x.c, rp).ok());
+        rp.inv_freq = freq.g;
+        ASSERT_TRUE(p.gpu->Rope(x.g, rp).ok());
+        EXPECT_TRUE(p.Same(x, 2e-5, 1e-4)) << rc.yarn << " " << c.heads << "x" << c.dim;
+      }
+    }
+  }
+}
+
+TEST(CudaOps, EmbedGatherExpandAddSwiGlu) {
+  DSV4_REQUIRE_GPU();
+  for (Precision prec : {Precision::kFP32, Precision::kBF16}) {
+    BackendPair p(prec);
+    p.Begin({{0, 20}, {300, 1}, {7, 3}}, kBlock, /*vocab=*/1000);
+    const int64_t T = p.meta.num_tokens, D = 4096, V = 1000;
+    auto table = RandomVec(V * D, 11);
+    if (prec == Precision::kBF16) table = testing::RoundBf16(table);
+    Both emb = p.Weight(Shape{V, D}, table, WeightUse::kMatrix);
+    Both x = p.Scratch(DType::kF32, Shape{T, D});
+    ASSERT_TRUE(p.cpu.Embed(emb.c, x.c).ok());
+    ASSERT_TRUE(p.gpu->Embed(emb.g, x.g).ok());
+    EXPECT_TRUE(p.Same(x, 0, 0));  // a copy (bf16 values are exact in fp32)
+
+    Both hs = p.Scratch(DType::kF32, Shape{T, 4, D});
+    ASSERT_TRUE(p.cpu.HcExpand(x.c, hs.c).ok());
+    ASSERT_TRUE(p.gpu->HcExpand(x.g, hs.g).ok());
+    EXPECT_TRUE(p.Same(hs, 0, 0));
+
+    Both rows = p.Scratch(DType::kF32, Shape{3, 4 * D});
+    ASSERT_TRUE(p.cpu.GatherLogitRows(hs.c.View(Shape{T, 4 * D}), rows.c).ok());
+    ASSERT_TRUE(p.gpu->GatherLogitRows(hs.g.View(Shape{T, 4 * D}), rows.g).ok());
+    EXPECT_TRUE(p.Same(rows, 0, 0));
+
+    Both b = p.Input(Shape{T, D}, RandomVec(T * D, 12));
+    ASSERT_TRUE(p.cpu.Add(x.c, b.c, x.c).ok());
+    ASSERT_TRUE(p.gpu->Add(x.g, b.g, x.g).ok());
+    EXPECT_TRUE(p.Same(x, 0, 0));
+
+    const int64_t I = 2048;
+    Both gu = p.Input(Shape{T, 2 * I}, RandomVec(T * 2 * I, 13, -14, 14));
+    Both h = p.Scratch(DType::kF32, Shape{T, I});
+    ASSERT_TRUE(p.cpu.SwiGlu(gu.c, 10.0f, h.c).ok());
+    ASSERT_TRUE(p.gpu->SwiGlu(gu.g, 10.0f, h.g).ok());
+    EXPECT_TRUE(p.Same(h, 1e-5, 1e-5));
+  }
+}
+
+// ---- mHC ----
+
+TEST(CudaOps, HyperConnectionsPrePostHead) {
+  DSV4_REQUIRE_GPU();
+  BackendPair p;
+  for (int64_t D : {4096, 128}) {
+    p.Begin({{0, 9}, {50, 1}, {0, 120}}, kBlock);
+    const int64_t T = p.meta.num_tokens, n = 4, mix = (2 + n) * n;
+    HcParams hp;
+    hp.hc_mult = n;
+    Both hs = p.Input(Shape{T, n, D}, RandomVec(T * n * D, 14, -2, 2));
+    const float a = 1.0f / std::sqrt(static_cast<float>(n * D));
+    Both fn = p.Weight(Shape{mix, n * D}, RandomVec(mix * n * D, 15, -a, a));
+    Both base = p.Weight(Shape{mix}, RandomVec(mix, 16, -0.5f, 0.5f));
+    Both scale = p.Weight(Shape{3}, RandomVec(3, 17, 0.5f, 1.5f));
+    Both collapsed = p.Scratch(DType::kF32, Shape{T, D});
+    Both post = p.Scratch(DType::kF32, Shape{T, n});
+    Both comb = p.Scratch(DType::kF32, Shape{T, n, n});
+    ASSERT_TRUE(p.cpu.HcPre(hs.c, fn.c, base.c, scale.c, hp, collapsed.c, post.c, comb.c).ok());
+    const absl::Status s = p.gpu->HcPre(hs.g, fn.g, base.g, scale.g, hp, collapsed.g, post.g, comb.g);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(p.Same(post, 1e-5, 1e-4)) << D;
+    EXPECT_TRUE(p.Same(comb, 1e-5, 1e-4)) << D;
+    EXPECT_TRUE(p.Same(collapsed, 1e-4, 1e-4)) << D;
+
+    Both f = p.Input(Shape{T, D}, RandomVec(T * D, 18));
+    Both out = p.Scratch(DType::kF32, Shape{T, n, D});
+    ASSERT_TRUE(p.cpu.HcPost(hs.c, f.c, post.c, comb.c, out.c).ok());
+    ASSERT_TRUE(p.gpu->HcPost(hs.g, f.g, post.g, comb.g, out.g).ok());
+    EXPECT_TRUE(p.Same(out, 1e-4, 1e-4)) << D;
+
+    Both hfn = p.Weight(Shape{n, n * D}, RandomVec(n * n * D, 19, -a, a));
+    Both hbase = p.Weight(Shape{n}, RandomVec(n, 20, -0.5f, 0.5f));
+    Both hscale = p.Weight(Shape{1}, {0.8f});
+    Both y = p.Scratch(DType::kF32, Shape{T, D});
+    ASSERT_TRUE(p.cpu.HcHead(hs.c, hfn.c, hbase.c, hscale.c, hp, y.c).ok());
+    ASSERT_TRUE(p.gpu->HcHead(hs.g, hfn.g, hbase.g, hscale.g, hp, y.g).ok());
+    EXPECT_TRUE(p.Same(y, 1e-4, 1e-4)) << D;
+  }
+}
+
+// ---- compressors ----
+
+struct CompressCase {
+  const char* name;
+  int64_t ratio, overlap, dim;
+};
+
+TEST(CudaOps, CompressorsOverPrefillDecodeAndMixedSteps) {
+  DSV4_REQUIRE_GPU();
+  BackendPair p;
+  const RopeConfig yarn = FlashCompressRope();
+  for (const CompressCase& c : std::vector<CompressCase>{{"csa", 4, 2, 512},
+                                                        {"hca", 128, 1, 512},
+                                                        {"indexer", 4, 2, 128}}) {
+    SCOPED_TRACE(c.name);
+    const int64_t cd = c.overlap * c.dim, slots = 3, per_block = kBlock / c.ratio;
+    // Schedules of three sequences: prefill chunks, then decodes and a mixed step.
+    const std::vector<std::vector<SeqSpec>> steps = {
+        {{0, 300}, {0, 5}, {0, 130}},
+        {{300, 1}, {5, 1}, {130, 1}},
+        {{301, 7}, {6, 1}, {131, 129}},
+        {{308, 1}, {7, 1}, {260, 1}},
+    };
+    const int32_t max_len = 400;
+    const int64_t blocks = slots * ((max_len + kBlock - 1) / kBlock);
+    Both state = p.Pool(Shape{slots, CompressStateFloats(c.ratio, c.overlap, c.dim)}, 0);
+    Both entries = p.Pool(Shape{blocks, per_block, c.dim}, 0);
+    Both bias = p.Weight(Shape{c.ratio, cd}, RandomVec(c.ratio * cd, 21, -0.5f, 0.5f));
+    Both normw = p.Weight(Shape{c.dim}, RandomVec(c.dim, 22, 0.5f, 1.5f));
+    Both freq = p.Weight(Shape{32}, RopeInvFreq(yarn, 64));
+    uint32_t seed = 30;
+    for (const auto& step : steps) {
+      // Block tables sized for the whole schedule, so every sequence's blocks stay put.
+      p.Begin(step, kBlock, 1000, false, 7, (max_len + kBlock - 1) / kBlock);
+      const int64_t T = p.meta.num_tokens;
+      Both a = p.Input(Shape{T, cd}, RandomVec(T * cd, ++seed));
+      Both z = p.Input(Shape{T, cd}, RandomVec(T * cd, ++seed, -2, 2));
+      CompressParams cp;
+      cp.ratio = c.ratio;
+      cp.overlap = c.overlap;
+      cp.dim = c.dim;
+      cp.norm_eps = 1e-6f;
+      cp.rope.rope_dims = 64;
+      cp.position_bias = bias.c;
+      cp.norm_weight = normw.c;
+      cp.rope.inv_freq = freq.c;
+      ASSERT_TRUE(p.cpu.Compress(cp, a.c, z.c, state.c, entries.c).ok());
+      cp.position_bias = bias.g;
+      cp.norm_weight = normw.g;
+      cp.rope.inv_freq = freq.g;
+      const absl::Status s = p.gpu->Compress(cp, a.g, z.g, state.g, entries.g);
+      ASSERT_TRUE(s.ok()) << s;
+      EXPECT_TRUE(p.Same(state, 1e-6, 1e-6));
+      EXPECT_TRUE(p.Same(entries, 1e-4, 1e-4));
+    }
+  }
+}
+
+// ---- lightning indexer ----
+
+// Scores on the host for one token (the reference's formula).
+std::vector<float> HostScores(const IndexerShape& s, const StepMeta& m, int32_t t,
+                              const std::vector<float>& q, const std::vector<float>& w,
+                              const std::vector<float>& keys) {
+  RaggedBatchView b;
+  b.num_tokens = m.num_tokens;
+  b.num_seqs = m.num_seqs;
+  b.token_ids = m.token_ids.data();
+  b.positions = m.positions.data();
+  b.token_seq = m.token_seq.data();
+  b.seq_begin = m.seq_begin.data();
+  b.seq_start_pos = m.seq_start_pos.data();
+  b.state_slot = m.state_slot.data();
+  b.block_table = m.block_table.data();
+  b.block_stride = m.block_stride;
+  b.block_size = m.block_size;
+  const int64_t visible = (m.positions[t] + 1) / s.ratio;
+  std::vector<float> scores(static_cast<size_t>(visible));
+  IndexerScoresRef(s, b, t, q.data(), w.data(), keys.data(), scores.data());
+  return scores;
+}
+
+struct IndexerCase {
+  const char* name;
+  std::vector<SeqSpec> seqs;
+  int64_t topk;
+  bool force;
+};
+
+TEST(CudaOps, IndexerTopKUpTo256kCandidates) {
+  DSV4_REQUIRE_GPU();
+  BackendPair p;
+  const int64_t nI = 64, dI = 128, ratio = 4, per_block = kBlock / ratio;
+  const std::vector<IndexerCase> cases = {
+      {"short_shortcut", {{0, 40}, {100, 1}}, 512, false},
+      {"short_forced", {{0, 40}, {100, 1}}, 512, true},
+      {"prefill_across_topk", {{1990, 64}}, 512, false},
+      {"decode_16k_64k", {{16383, 1}, {65535, 1}, {3000, 1}}, 512, false},
+      {"decode_64k_top1024", {{65535, 1}, {4100, 2}}, 1024, false},
+      {"decode_256k", {{1048575, 1}}, 512, false},
+  };
+  for (const IndexerCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    p.Begin(c.seqs, kBlock, 1000, c.force);
+    const int64_t T = p.meta.num_tokens;
+    const int64_t blocks = p.blocks;
+    const auto qv = RandomVec(T * nI * dI, 40);
+    const auto wv = RandomVec(T * nI, 41);
+    Both keys = p.Pool(Shape{blocks, per_block, dI}, 42);
+    Both q = p.Input(Shape{T, nI, dI}, qv);
+    Both w = p.Input(Shape{T, nI}, wv);
+    Both out = p.Scratch(DType::kI32, Shape{T, c.topk});
+    IndexerParams ip;
+    ip.ratio = ratio;
+    ip.topk = c.topk;
+    ip.weight_scale = 1.0f / std::sqrt(static_cast<float>(nI));
+    ip.score_scale = 1.0f / std::sqrt(static_cast<float>(dI));
+    ASSERT_TRUE(p.cpu.IndexerTopK(ip, q.c, w.c, keys.c, out.c).ok());
+    const absl::Status s = p.gpu->IndexerTopK(ip, q.g, w.g, keys.g, out.g);
+    ASSERT_TRUE(s.ok()) << s;
+    const auto ref = p.HostAs<int32_t>(p.cpu, out.c);
+    const auto got = p.HostAs<int32_t>(*p.gpu, out.g);
+    const auto key_host = p.HostC(keys.c);
+    IndexerShape is;
+    is.heads = nI;
+    is.dim = dI;
+    is.ratio = ratio;
+    is.topk = c.topk;
+    is.weight_scale = ip.weight_scale;
+    is.score_scale = ip.score_scale;
+    int64_t swapped = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t* r = ref.data() + t * c.topk;
+      const int32_t* g = got.data() + t * c.topk;
+      // Ascending and -1 padded, like the reference.
+      for (int64_t k = 1; k < c.topk; ++k) {
+        if (g[k] >= 0) ASSERT_GT(g[k], g[k - 1]) << "token " << t;
+      }
+      if (std::equal(r, r + c.topk, g)) continue;
+      // Different sets are allowed only where scores tie within rounding at the boundary.
+      const auto scores = HostScores(is, p.meta, static_cast<int32_t>(t), qv, wv, key_host);
+      std::set<int32_t> rs(r, r + c.topk), gs(g, g + c.topk);
+      ASSERT_EQ(rs.size(), gs.size()) << "token " << t;
+      float kth = INFINITY;
+      for (int32_t e : rs) if (e >= 0) kth = std::min(kth, scores[e]);
+      for (int32_t e : gs) {
+        if (e < 0 || rs.count(e)) continue;
+        ++swapped;
+        EXPECT_NEAR(scores[e], kth, 1e-5f * (1 + std::fabs(kth))) << "token " << t << " entry " << e;
+      }
+    }
+    std::printf("    tokens=%lld boundary swaps=%lld\n", static_cast<long long>(T),
+                static_cast<long long>(swapped));
+  }
+}
+
+// ---- attention ----
+
+struct AttnCase {
+  const char* name;
+  int64_t ratio;
+  bool dense;
+};
+
+TEST(CudaOps, AttentionSlidingCsaHcaWithSink) {
+  DSV4_REQUIRE_GPU();
+  BackendPair p;
+  const int64_t H = 64, hd = 512, W = 128, topk = 512;
+  for (const AttnCase& c : std::vector<AttnCase>{{"sliding", 0, false},
+                                                {"csa", 4, false},
+                                                {"hca", 128, true}}) {
+    SCOPED_TRACE(c.name);
+    // Decodes at the window edge and long contexts, and a prefill chunk inside the window.
+    p.Begin({{5, 1}, {127, 1}, {128, 1}, {1000, 1}, {16384, 1}, {65535, 1}, {100, 40}}, kBlock);
+    const int64_t T = p.meta.num_tokens, S = p.meta.num_seqs;
+    Both q = p.Input(Shape{T, H, hd}, RandomVec(T * H * hd, 50));
+    Both kv = p.Input(Shape{T, hd}, RandomVec(T * hd, 51));
+    Both ring = p.Pool(Shape{S, W, hd}, 52);
+    Both sinks = p.Weight(Shape{H}, RandomVec(H, 53, -1, 1));
+    Both entries, selected;
+    if (c.ratio > 0) entries = p.Pool(Shape{p.blocks, kBlock / c.ratio, hd}, 54);
+    if (c.ratio > 0 && !c.dense) {
+      // A causal selection per token: random distinct visible entries, ascending, -1 padded.
+      std::vector<int32_t> sel(T * topk, -1);
+      std::mt19937 rng(55);
+      for (int64_t t = 0; t < T; ++t) {
+        const int32_t visible = (p.meta.positions[t] + 1) / static_cast<int32_t>(c.ratio);
+        std::vector<int32_t> all(visible);
+        std::iota(all.begin(), all.end(), 0);
+        std::shuffle(all.begin(), all.end(), rng);
+        all.resize(std::min<size_t>(all.size(), topk));
+        std::sort(all.begin(), all.end());
+        std::copy(all.begin(), all.end(), sel.begin() + t * topk);
+      }
+      selected = p.InputI(Shape{T, topk}, sel);
+    }
+    AttentionParams ap;
+    ap.window = W;
+    ap.ratio = c.ratio;
+    ap.dense_compressed = c.dense;
+    ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    Both out = p.Scratch(DType::kF32, Shape{T, H, hd});
+    ASSERT_TRUE(p.cpu.Attention(ap, q.c, kv.c, ring.c, entries.c, selected.c, sinks.c, out.c).ok());
+    const absl::Status s =
+        p.gpu->Attention(ap, q.g, kv.g, ring.g, entries.g, selected.g, sinks.g, out.g);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(p.Same(out, 1e-5, 1e-4));
+    // Then the ring update of the same step.
+    ASSERT_TRUE(p.cpu.RingWrite(kv.c, ring.c).ok());
+    ASSERT_TRUE(p.gpu->RingWrite(kv.g, ring.g).ok());
+    EXPECT_TRUE(p.Same(ring, 0, 0));
+  }
+}
+
+// ---- MoE ----
+
+TEST(CudaOps, RouterScoreAndHash) {
+  DSV4_REQUIRE_GPU();
+  BackendPair p;
+  const int64_t E = 256, K = 6, V = 1000;
+  for (int32_t tokens : {1, 64, 300}) {
+    p.Begin({{0, tokens}}, kBlock, static_cast<int32_t>(V));
+    Both logits = p.Input(Shape{tokens, E}, RandomVec(tokens * E, 60, -4, 4));
+    Both bias = p.Weight(Shape{E}, RandomVec(E, 61, -0.1f, 0.1f));
+    std::vector<int32_t> table(V * K);
+    std::mt19937 rng(62);
+    for (auto& e : table) e = static_cast<int32_t>(rng() % E);
+    Both tid2eid = p.WeightI(Shape{V, K}, table);
+    for (bool hash : {false, true}) {
+      RouterParams rp;
+      rp.top_k = K;
+      rp.routed_scale = 1.5f;
+      rp.hash = hash;
+      Both idx = p.Scratch(DType::kI32, Shape{tokens, K});
+      Both w = p.Scratch(DType::kF32, Shape{tokens, K});
+      ASSERT_TRUE(p.cpu.Route(rp, logits.c, hash ? Tensor{} : bias.c, tid2eid.c, idx.c, w.c).ok());
+      const absl::Status s = p.gpu->Route(rp, logits.g, hash ? Tensor{} : bias.g, tid2eid.g, idx.g, w.g);
+      ASSERT_TRUE(s.ok()) << s;
+      EXPECT_EQ(p.HostAs<int32_t>(*p.gpu, idx.g), p.HostAs<int32_t>(p.cpu, idx.c)) << hash;
+      EXPECT_TRUE(p.Same(w, 1e-6, 1e-5)) << hash;
+    }
+  }
+}
+
+struct MoeCase {
+  int64_t experts, dim, inter, top_k;
+  std::vector<int32_t> tokens;
+};
+
+TEST(CudaOps, GroupedExpertsPermuteGemmCombine) {
+  DSV4_REQUIRE_GPU();
+  for (Precision prec : {Precision::kFP32, Precision::kBF16}) {
+    BackendPair p(prec);
+    for (const MoeCase& c : std::vector<MoeCase>{{256, 4096, 2048, 6, {1, 8, 64}},  // Flash
+                                                {8, 256, 128, 2, {1, 300}}}) {      // hot experts
+      SCOPED_TRACE(::testing::Message() << "E=" << c.experts << " " << PrecisionName(prec));
+      // Synthetic weights: both backends hold the same values without a host copy.
+      SyntheticSpec gu_spec{DType::kF32, Shape{c.experts, 2 * c.inter, c.dim}, 70, -0.02f, 0.02f, 1};
+      SyntheticSpec dn_spec{DType::kF32, Shape{c.experts, c.dim, c.inter}, 71, -0.03f, 0.03f, 1};
+      Both gate_up = p.Synthetic(gu_spec, WeightUse::kMatrix);
+      Both down = p.Synthetic(dn_spec, WeightUse::kMatrix);
+      if (prec == Precision::kBF16) {
+        // The reference gets the bf16-rounded weights.
+        std::vector<uint16_t> bits(static_cast<size_t>(gate_up.g.numel()));
+        ASSERT_TRUE(p.gpu->CopyToHost(gate_up.g, bits.data()).ok());
+        for (size_t i = 0; i < bits.size(); ++i) gate_up.c.ptr<float>()[i] = Bf16ToF32(bits[i]);
+        bits.resize(static_cast<size_t>(down.g.numel()));
+        ASSERT_TRUE(p.gpu->CopyToHost(down.g, bits.data()).ok());
+        for (size_t i = 0; i < bits.size(); ++i) down.c.ptr<float>()[i] = Bf16ToF32(bits[i]);
+      }
+      for (int32_t T : c.tokens) {
+        p.Begin({{0, T}}, kBlock);
+        std::vector<int32_t> idx(T * c.top_k);
+        std::mt19937 rng(72 + T);
+        for (int32_t t = 0; t < T; ++t) {
+          std::vector<int32_t> e(c.experts);
+          std::iota(e.begin(), e.end(), 0);
+          std::shuffle(e.begin(), e.end(), rng);
+          std::copy(e.begin(), e.begin() + c.top_k, idx.begin() + t * c.top_k);
+        }
+        auto uv = RandomVec(T * c.dim, 73);
+        if (prec == Precision::kBF16) uv = testing::RoundBf16(uv);
+        Both u = p.Input(Shape{T, c.dim}, uv);
+        Both ix = p.InputI(Shape{T, c.top_k}, idx);
+        Both w = p.Input(Shape{T, c.top_k}, RandomVec(T * c.top_k, 74, 0, 1));
+        Both out = p.Scratch(DType::kF32, Shape{T, c.dim});
+        ASSERT_TRUE(p.cpu.MoeExperts(u.c, ix.c, w.c, gate_up.c, down.c, 10.0f, out.c).ok());
+        const absl::Status s = p.gpu->MoeExperts(u.g, ix.g, w.g, gate_up.g, down.g, 10.0f, out.g);
+        ASSERT_TRUE(s.ok()) << s;
+        // bf16: the intermediate activation is rounded to bf16 before the down projection.
+        const double tol = prec == Precision::kBF16 ? 1e-2 : 1e-4;
+        EXPECT_TRUE(p.Same(out, tol, tol)) << "T=" << T;
+      }
+    }
+  }
+}
+
+// ---- op validation ----
+
+TEST(CudaOps, ShapeMismatchIsAnErrorNotALaunch) {
+  DSV4_REQUIRE_GPU();
+  BackendPair p;
+  p.Begin(Decode(2), kBlock);
+  Both x = p.Input(Shape{2, 64}, RandomVec(128, 80));
+  Both w = p.Weight(Shape{32, 48}, RandomVec(32 * 48, 81), WeightUse::kMatrix);
+  Both y = p.Scratch(DType::kF32, Shape{2, 32});
+  const absl::Status s = p.gpu->Linear(x.g, w.g, y.g);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("Linear"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace dsv4

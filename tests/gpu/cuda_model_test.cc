@@ -1,0 +1,265 @@
+// The whole model on the GPU (label `gpu`): the transformers fixture in fp32 (CPU pass criteria)
+// and bf16 (documented tolerance, greedy ids where the margin allows), GPU vs CPU engines on
+// synthetic models up to Flash widths over ragged prefill/decode schedules, and on-device sampling
+// against the CPU worker's sampler.
+#include <algorithm>
+#include <random>
+
+#include "tests/gpu/backend_pair.h"
+#include "tests/testing/checkpoint_writer.h"
+#include "worker/cpu_worker.h"
+#include "worker/model/local_sequences.h"
+#include "worker/model/safetensors.h"
+#include "worker/tools/golden_check.h"
+
+namespace dsv4 {
+namespace {
+
+using Logits = SequenceStep::Logits;
+
+void ExpectGoldenPass(const GoldenOptions& options, double bound) {
+  auto report = RunGoldenCheck(testing::TestData("dsv4-tiny"), options);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_GE(report->items.size(), 18u);
+  for (const GoldenItem& item : report->items) {
+    std::printf("    %-28s max_abs=%.3g %s\n", item.name.c_str(), item.max_abs, item.detail.c_str());
+    EXPECT_TRUE(item.pass) << item.name << " " << item.detail;
+    EXPECT_LE(item.max_abs, bound) << item.name;
+  }
+  EXPECT_TRUE(report->pass());
+}
+
+TEST(CudaModel, GoldenFixtureFp32) {
+  DSV4_REQUIRE_GPU();
+  GoldenOptions options;
+  options.make_backend = [] { return *CreateCudaBackend(0, Precision::kFP32); };
+  ExpectGoldenPass(options, 1e-4);
+  options.force_indexer_scoring = true;
+  options.cache.block_size = 16;
+  ExpectGoldenPass(options, 1e-4);
+}
+
+// Teacher-forced logits of `prompts` on a model (all positions).
+std::vector<std::vector<float>> AllLogits(Dsv4Model& model, const std::vector<std::vector<int32_t>>& prompts,
+                                          std::vector<int> chunks) {
+  std::vector<std::vector<float>> out;
+  for (const auto& p : prompts) {
+    LocalSequences seqs(model);
+    const int id = *seqs.Create();
+    std::vector<float> all;
+    size_t pos = 0, c = 0;
+    while (pos < p.size()) {
+      const size_t n = std::min<size_t>(chunks[c++ % chunks.size()], p.size() - pos);
+      auto step = seqs.Next(id, std::span(p).subspan(pos, n), Logits::kAll);
+      EXPECT_TRUE(step.ok()) << step.status();
+      StepLogits logits;
+      const absl::Status s = model.Step({&*step, 1}, StepOptions{}, &logits);
+      EXPECT_TRUE(s.ok()) << s;
+      seqs.Advance(id, static_cast<int64_t>(n));
+      all.insert(all.end(), logits.values.begin(), logits.values.end());
+      pos += n;
+    }
+    out.push_back(std::move(all));
+  }
+  return out;
+}
+
+// The documented bf16 tolerance on the fixture model (docs/cuda-backend.md).
+constexpr double kBf16FixtureLogitTol = 0.05;
+
+TEST(CudaModel, FixtureInBf16WithinToleranceAndGreedyWhereMarginsAllow) {
+  DSV4_REQUIRE_GPU();
+  const std::string dir = testing::TestData("dsv4-tiny");
+  auto config = LoadModelConfig(dir + "/config.json");
+  ASSERT_TRUE(config.ok());
+  auto ckpt = Checkpoint::Open(dir);
+  ASSERT_TRUE(ckpt.ok());
+  CacheConfig cache;
+  cache.num_slots = 2;
+  cache.num_blocks = 40;
+  cache.max_model_len = 1024;
+  auto cpu = Dsv4Model::Load(*config, **ckpt, std::make_unique<CpuBackend>(), cache);
+  auto gpu = Dsv4Model::Load(*config, **ckpt, *CreateCudaBackend(0, Precision::kBF16), cache);
+  ASSERT_TRUE(cpu.ok() && gpu.ok()) << cpu.status() << gpu.status();
+  std::mt19937 rng(5);
+  std::vector<std::vector<int32_t>> prompts(4);
+  for (auto& p : prompts) {
+    p.resize(200);
+    for (auto& t : p) t = static_cast<int32_t>(rng() % config->vocab_size);
+  }
+  const auto ref = AllLogits(**cpu, prompts, {200});
+  const auto got = AllLogits(**gpu, prompts, {37, 1, 1, 64});
+  const int64_t V = config->vocab_size;
+  double max_abs = 0;
+  int64_t checked = 0, positions = 0;
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    ASSERT_EQ(got[p].size(), ref[p].size());
+    for (size_t r = 0; r < ref[p].size() / V; ++r) {
+      const float* a = ref[p].data() + r * V;
+      const float* b = got[p].data() + r * V;
+      for (int64_t i = 0; i < V; ++i) max_abs = std::max<double>(max_abs, std::fabs(a[i] - b[i]));
+      std::vector<float> sorted(a, a + V);
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+      ++positions;
+      if (sorted[0] - sorted[1] <= 2 * kBf16FixtureLogitTol) continue;
+      ++checked;
+      EXPECT_EQ(std::max_element(b, b + V) - b, std::max_element(a, a + V) - a)
+          << "prompt " << p << " position " << r;
+    }
+  }
+  std::printf("    bf16 vs fp32 reference: max_abs=%.4g; greedy checked at %lld of %lld positions\n",
+              max_abs, static_cast<long long>(checked), static_cast<long long>(positions));
+  EXPECT_LE(max_abs, kBf16FixtureLogitTol);
+  EXPECT_GT(checked, positions / 2);
+}
+
+// A 3-layer model at the real Flash widths (fewer experts, small vocabulary so that the CPU
+// reference stays fast): GPU fp32 engine vs CPU engine over prefill chunks and decode, across the
+// indexer's top-k boundary.
+Json FlashNarrowConfig() {
+  Json j = testing::TinyConfigJson();
+  j["hidden_size"] = 4096;
+  j["num_attention_heads"] = 64;
+  j["head_dim"] = 512;
+  j["qk_rope_head_dim"] = 64;
+  j["partial_rotary_factor"] = 0.125;
+  j["rope_parameters"]["main"]["partial_rotary_factor"] = 0.125;
+  j["rope_parameters"]["compress"]["partial_rotary_factor"] = 0.125;
+  j["q_lora_rank"] = 1024;
+  j["o_groups"] = 8;
+  j["o_lora_rank"] = 1024;
+  j["index_n_heads"] = 64;
+  j["index_head_dim"] = 128;
+  j["index_topk"] = 512;
+  j["compress_rates"] = {{"compressed_sparse_attention", 4}, {"heavily_compressed_attention", 128}};
+  j["sliding_window"] = 128;
+  j["n_routed_experts"] = 16;
+  j["num_experts_per_tok"] = 6;
+  j["moe_intermediate_size"] = 2048;
+  j["hc_mult"] = 4;
+  j["vocab_size"] = 2048;
+  j["num_hidden_layers"] = 3;
+  j["layer_types"] = {"sliding_attention", "compressed_sparse_attention",
+                      "heavily_compressed_attention"};
+  j["mlp_layer_types"] = {"hash_moe", "moe", "moe"};
+  return j;
+}
+
+struct EngineCase {
+  const char* name;
+  std::function<Json()> config;
+  int len;
+  std::vector<int> chunks;
+};
+
+TEST(CudaModel, GpuEngineMatchesCpuEngineOnSyntheticModels) {
+  DSV4_REQUIRE_GPU();
+  const std::vector<EngineCase> cases = {
+      {"tiny", [] { return testing::TinyConfigJson(); }, 300, {100, 1, 1, 57, 3}},
+      {"flash_widths", FlashNarrowConfig, 2200, {1024, 1000, 1, 1, 1, 173}},
+  };
+  for (const EngineCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto config = ParseModelConfig(c.config().dump());
+    ASSERT_TRUE(config.ok()) << config.status();
+    CacheConfig cache;
+    cache.num_slots = 2;
+    cache.max_model_len = 4096;
+    cache.num_blocks = 2 * (4096 / DefaultBlockSize(*config)) + 2;
+    auto cpu = Dsv4Model::LoadSynthetic(*config, 3, std::make_unique<CpuBackend>(), cache);
+    auto gpu = Dsv4Model::LoadSynthetic(*config, 3, *CreateCudaBackend(0, Precision::kFP32), cache);
+    ASSERT_TRUE(cpu.ok() && gpu.ok()) << cpu.status() << gpu.status();
+    std::mt19937 rng(9);
+    std::vector<std::vector<int32_t>> prompt(1, std::vector<int32_t>(c.len));
+    for (auto& t : prompt[0]) t = static_cast<int32_t>(rng() % config->vocab_size);
+    const auto ref = AllLogits(**cpu, prompt, c.chunks);
+    const auto got = AllLogits(**gpu, prompt, c.chunks);
+    EXPECT_TRUE(testing::Close(got[0], ref[0], 2e-4, 2e-4));
+  }
+}
+
+// On-device sampling vs the CPU worker's sampler on the same (synthetic) model: greedy,
+// temperature with top-k / top-p / min-p, penalties, the min-tokens mask and log-probabilities,
+// over several steps of a batch that mixes them.
+TEST(CudaModel, WorkerSamplingMatchesCpuWorker) {
+  DSV4_REQUIRE_GPU();
+  auto config = ParseModelConfig(testing::TinyConfigJson().dump());
+  ASSERT_TRUE(config.ok());
+  CacheConfig cache;
+  cache.num_slots = 8;
+  cache.max_model_len = 512;
+  cache.num_blocks = 8 * (512 / DefaultBlockSize(*config));
+  WeightsSpec weights;
+  weights.synthetic = true;
+  weights.seed = 4;
+  auto cpu = CreateWorker(DeviceChoice{false, 0}, Precision::kFP32, *config, weights, cache);
+  auto gpu = CreateWorker(DeviceChoice{true, 0}, Precision::kFP32, *config, weights, cache);
+  ASSERT_TRUE(cpu.ok() && gpu.ok()) << cpu.status() << gpu.status();
+  std::vector<std::shared_ptr<SamplingSpec>> specs;
+  auto add = [&](auto edit) {
+    auto s = std::make_shared<SamplingSpec>();
+    edit(*s);
+    specs.push_back(s);
+  };
+  add([](SamplingSpec&) {});  // greedy
+  add([](SamplingSpec& s) { s.temperature = 0.8f; s.top_k = 20; s.seed = 11; s.logprobs = 5; });
+  add([](SamplingSpec& s) { s.temperature = 1.2f; s.top_p = 0.7f; s.seed = 12; });
+  add([](SamplingSpec& s) { s.temperature = 1.0f; s.min_p = 0.05f; s.seed = 13; s.logprobs = 20; });
+  add([](SamplingSpec& s) {
+    s.temperature = 0.9f; s.seed = 14; s.repetition_penalty = 1.3f; s.presence_penalty = 0.5f;
+    s.frequency_penalty = 0.3f;
+  });
+  add([](SamplingSpec& s) {
+    s.min_tokens = 4; s.min_tokens_mask = {1, 2, 3, 4, 5};
+    s.repetition_penalty = 0.8f;  // < 1 rewards repeats: greedy loops are likely, masks must hold
+  });
+  add([](SamplingSpec& s) { s.temperature = 2.0f; s.top_k = 3; s.top_p = 0.5f; s.seed = 15; });
+  const int64_t per_seq = 512 / DefaultBlockSize(*config);
+  StepPlan plan;
+  std::mt19937 rng(3);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    ScheduledSeq s;
+    s.request_id = i + 1;
+    s.state_slot = static_cast<int32_t>(i);
+    for (int64_t b = 0; b < per_seq; ++b) s.block_table.push_back(static_cast<int32_t>(i * per_seq + b));
+    s.tokens.resize(5 + 7 * i);
+    for (auto& t : s.tokens) t = static_cast<int32_t>(rng() % config->vocab_size);
+    s.prompt_len = static_cast<int32_t>(s.tokens.size());
+    s.sample = true;
+    s.sampling = specs[i];
+    plan.seqs.push_back(s);
+  }
+  int64_t compared = 0;
+  for (int step = 0; step < 24; ++step) {
+    plan.step_id = static_cast<uint64_t>(step + 1);
+    auto a = (*cpu)->Execute(plan);
+    auto b = (*gpu)->Execute(plan);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+    ASSERT_EQ(a->sampled.size(), b->sampled.size());
+    for (size_t i = 0; i < a->sampled.size(); ++i) {
+      const SampledToken& x = a->sampled[i];
+      const SampledToken& y = b->sampled[i];
+      ASSERT_EQ(y.token, x.token) << "step " << step << " seq " << i;
+      if (specs[i]->logprobs > 0) {
+        EXPECT_NEAR(y.logprob, x.logprob, 1e-4);
+        ASSERT_EQ(y.top.size(), x.top.size());
+        for (size_t k = 0; k < x.top.size(); ++k) {
+          EXPECT_EQ(y.top[k].first, x.top[k].first);
+          EXPECT_NEAR(y.top[k].second, x.top[k].second, 1e-4);
+        }
+      }
+      if (plan.seqs[i].output_index < specs[i]->min_tokens) {
+        for (int32_t m : specs[i]->min_tokens_mask) EXPECT_NE(y.token, m);
+      }
+      ++compared;
+      ScheduledSeq& s = plan.seqs[i];
+      s.start_pos += static_cast<int32_t>(s.tokens.size());
+      s.tokens = {y.token};
+      s.output_index += 1;
+    }
+  }
+  EXPECT_EQ(compared, 24 * static_cast<int64_t>(specs.size()));
+}
+
+}  // namespace
+}  // namespace dsv4

@@ -1,0 +1,401 @@
+#include "worker/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/compressor.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/indexer.h"
+#include "kernels/cuda/mhc.h"
+#include "kernels/cuda/moe.h"
+#include "kernels/cuda/norm_rope.h"
+#include "worker/model/op_checks.h"
+
+namespace dsv4 {
+namespace {
+
+constexpr size_t kAlign = 256;
+
+size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+const float* F(const Tensor& t) { return t.empty() ? nullptr : t.ptr<float>(); }
+const int32_t* I(const Tensor& t) { return t.empty() ? nullptr : t.ptr<int32_t>(); }
+
+cuda::HcDims HcDimsOf(const Tensor& hs, const HcParams& p) {
+  cuda::HcDims d;
+  d.tokens = hs.dim(0);
+  d.n = hs.dim(1);
+  d.dim = hs.dim(2);
+  d.sinkhorn_iters = p.sinkhorn_iters;
+  d.hc_eps = p.hc_eps;
+  d.norm_eps = p.norm_eps;
+  return d;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
+    const CudaBackendOptions& options) {
+  if (options.matrix_dtype != DType::kBF16 && options.matrix_dtype != DType::kF32) {
+    return absl::InvalidArgumentError("cuda backend: matrix precision must be bf16 or fp32");
+  }
+  std::unique_ptr<CudaBackend> b(new CudaBackend(options));
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
+  ASSIGN_OR_RETURN(b->stream_, CudaStream::Create());
+  ASSIGN_OR_RETURN(b->meta_copied_, CudaEvent::Create(cudaEventDisableTiming));
+  ASSIGN_OR_RETURN(b->gemm_, cuda::Gemm::Create());
+  return b;
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_.get() != nullptr) CUDA_LOG_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+}
+
+absl::StatusOr<Tensor> CudaBackend::AllocPersistent(DType dtype, Shape shape) {
+  Tensor t;
+  t.dtype = dtype;
+  t.shape = shape;
+  for (int i = 0; i < shape.rank; ++i) {
+    if (shape[i] < 0) return absl::InvalidArgumentError("negative dimension");
+  }
+  ASSIGN_OR_RETURN(DeviceBuffer buf, AllocDevice(t.nbytes()));
+  t.data = buf.get();
+  persistent_bytes_ += t.nbytes();
+  persistent_.push_back(std::move(buf));
+  return t;
+}
+
+absl::Status CudaBackend::Upload(const void* src, void* dst, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_.get()));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> CudaBackend::CreateWeight(const HostTensor& src, WeightUse use) {
+  if (src.dtype != DType::kF32 && src.dtype != DType::kI32) {
+    return absl::InvalidArgumentError("cuda backend: host weights are f32 or i32");
+  }
+  const size_t have = src.dtype == DType::kI32 ? src.i32.size() : src.f32.size();
+  if (have != static_cast<size_t>(src.shape.numel())) {
+    return absl::InvalidArgumentError(absl::StrCat("weight data has ", have, " values for shape ",
+                                                   src.shape.ToString()));
+  }
+  const bool bf16 = src.dtype == DType::kF32 && use == WeightUse::kMatrix &&
+                    options_.matrix_dtype == DType::kBF16;
+  ASSIGN_OR_RETURN(Tensor t, AllocPersistent(bf16 ? DType::kBF16 : src.dtype, src.shape));
+  if (bf16) {
+    std::vector<uint16_t> h(src.f32.size());
+    for (size_t i = 0; i < h.size(); ++i) h[i] = F32ToBf16(src.f32[i]);
+    RETURN_IF_ERROR(Upload(h.data(), t.data, t.nbytes()));
+  } else {
+    RETURN_IF_ERROR(Upload(src.data(), t.data, t.nbytes()));
+  }
+  return t;
+}
+
+absl::StatusOr<Tensor> CudaBackend::CreateSyntheticWeight(const SyntheticSpec& spec, WeightUse use) {
+  if (spec.dtype == DType::kI32) {
+    if (spec.modulus < 1) return absl::InvalidArgumentError("synthetic index table needs modulus >= 1");
+    ASSIGN_OR_RETURN(Tensor t, AllocPersistent(DType::kI32, spec.shape));
+    RETURN_IF_ERROR(cuda::FillIndices(t.ptr<int32_t>(), t.numel(), spec.seed, spec.modulus,
+                                      stream_.get()));
+    return t;
+  }
+  if (spec.dtype != DType::kF32) return absl::InvalidArgumentError("synthetic weights are f32 or i32");
+  const DType dtype = use == WeightUse::kMatrix ? options_.matrix_dtype : DType::kF32;
+  ASSIGN_OR_RETURN(Tensor t, AllocPersistent(dtype, spec.shape));
+  RETURN_IF_ERROR(cuda::FillUniform(t.data, dtype, t.numel(), spec.seed, spec.lo, spec.hi,
+                                    stream_.get()));
+  return t;
+}
+
+absl::StatusOr<Tensor> CudaBackend::CreatePool(DType dtype, Shape shape) {
+  ASSIGN_OR_RETURN(Tensor t, AllocPersistent(dtype, shape));
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(t.data, 0, t.nbytes(), stream_.get()));
+  return t;
+}
+
+absl::StatusOr<Tensor> CudaBackend::Scratch(DType dtype, Shape shape) {
+  Tensor t;
+  t.dtype = dtype;
+  t.shape = shape;
+  const size_t bytes = AlignUp(std::max<size_t>(t.nbytes(), 1));
+  while (scratch_block_ < scratch_.size() &&
+         scratch_offset_ + bytes > scratch_[scratch_block_].bytes()) {
+    ++scratch_block_;
+    scratch_offset_ = 0;
+  }
+  if (scratch_block_ == scratch_.size()) {
+    ASSIGN_OR_RETURN(DeviceBuffer block,
+                     AllocDevice(std::max(options_.scratch_block_bytes, bytes)));
+    scratch_.push_back(std::move(block));
+    scratch_offset_ = 0;
+  }
+  t.data = static_cast<char*>(scratch_[scratch_block_].get()) + scratch_offset_;
+  scratch_offset_ += bytes;
+  return t;
+}
+
+absl::Status CudaBackend::BeginStep(const StepMeta& meta) {
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  scratch_block_ = 0;
+  scratch_offset_ = 0;
+  const int32_t T = meta.num_tokens, S = meta.num_seqs;
+  const int64_t R = static_cast<int64_t>(meta.logit_rows.size());
+  if (static_cast<int64_t>(meta.token_ids.size()) != T ||
+      static_cast<int64_t>(meta.seq_begin.size()) != S + 1 ||
+      static_cast<int64_t>(meta.block_table.size()) != static_cast<int64_t>(S) * meta.block_stride) {
+    return absl::InvalidArgumentError("cuda backend: inconsistent step metadata");
+  }
+  // One int32 array: ids, positions, token_seq, seq_begin, start_pos, slots, block table, rows.
+  const int64_t words = 3 * int64_t{T} + (S + 1) + 2 * int64_t{S} +
+                        static_cast<int64_t>(meta.block_table.size()) + R;
+  const size_t bytes = sizeof(int32_t) * static_cast<size_t>(words);
+  // The previous step's transfer must be done before the staging buffer is rewritten.
+  CUDA_RETURN_IF_ERROR(cudaEventSynchronize(meta_copied_.get()));
+  if (meta_host_.bytes() < bytes) {
+    const size_t cap = std::max<size_t>(bytes * 2, 64 << 10);
+    ASSIGN_OR_RETURN(meta_host_, AllocPinned(cap));
+    // Kernels of earlier steps may still read the old device buffer.
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+    ASSIGN_OR_RETURN(meta_dev_, AllocDevice(cap));
+  }
+  auto* host = static_cast<int32_t*>(meta_host_.get());
+  auto* dev = static_cast<int32_t*>(meta_dev_.get());
+  int64_t off = 0;
+  auto put = [&](const std::vector<int32_t>& v) -> const int32_t* {
+    std::memcpy(host + off, v.data(), sizeof(int32_t) * v.size());
+    const int32_t* d = dev + off;
+    off += static_cast<int64_t>(v.size());
+    return d;
+  };
+  view_ = RaggedBatchView{};
+  view_.num_tokens = T;
+  view_.num_seqs = S;
+  view_.token_ids = put(meta.token_ids);
+  view_.positions = put(meta.positions);
+  view_.token_seq = put(meta.token_seq);
+  view_.seq_begin = put(meta.seq_begin);
+  view_.seq_start_pos = put(meta.seq_start_pos);
+  view_.state_slot = put(meta.state_slot);
+  view_.block_table = put(meta.block_table);
+  view_.block_stride = meta.block_stride;
+  view_.block_size = meta.block_size;
+  view_.force_indexer_scoring = meta.force_indexer_scoring;
+  logit_rows_ = put(meta.logit_rows);
+  num_logit_rows_ = static_cast<int32_t>(R);
+  max_position_ = meta.positions.empty()
+                      ? -1
+                      : *std::max_element(meta.positions.begin(), meta.positions.end());
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream_.get()));
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(meta_copied_.get(), stream_.get()));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CopyToHost(const Tensor& src, void* dst) {
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost, stream_.get()));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CopyFromHost(const void* src, Tensor dst) {
+  return Upload(src, dst.data, dst.nbytes());
+}
+
+absl::Status CudaBackend::Embed(const Tensor& table, Tensor out) {
+  RETURN_IF_ERROR(op_checks::Embed(table, out, view_.num_tokens));
+  return cuda::Embed(table.data, table.dtype, table.dim(0), table.dim(1), view_, out.ptr<float>(),
+                     stream_.get());
+}
+
+absl::StatusOr<const void*> CudaBackend::MatrixOperand(const Tensor& x, const Tensor& w) {
+  if (w.dtype == DType::kF32) return static_cast<const void*>(x.data);
+  ASSIGN_OR_RETURN(Tensor xb, Scratch(DType::kBF16, x.shape));
+  RETURN_IF_ERROR(cuda::CastToBf16(x.ptr<float>(), xb.ptr<uint16_t>(), x.numel(), stream_.get()));
+  return static_cast<const void*>(xb.data);
+}
+
+absl::Status CudaBackend::Linear(const Tensor& x, const Tensor& w, Tensor y) {
+  RETURN_IF_ERROR(op_checks::Linear(x, w, y));
+  ASSIGN_OR_RETURN(const void* xin, MatrixOperand(x, w));
+  cuda::GemmShape s;
+  s.m = x.dim(0);
+  s.n = w.dim(0);
+  s.k = w.dim(1);
+  s.dtype = w.dtype;
+  return gemm_->Run(s, xin, w.data, y.ptr<float>(), stream_.get());
+}
+
+absl::Status CudaBackend::GroupedLinear(const Tensor& x, const Tensor& w, int64_t groups, Tensor y) {
+  RETURN_IF_ERROR(op_checks::GroupedLinear(x, w, groups, y));
+  ASSIGN_OR_RETURN(const void* xin, MatrixOperand(x, w));
+  cuda::GemmShape s;
+  s.m = x.dim(0);
+  s.n = w.dim(0) / groups;
+  s.k = w.dim(1);
+  s.dtype = w.dtype;
+  s.batch = groups;
+  s.ldx = x.dim(1);
+  s.ldy = y.dim(1);
+  s.stride_x = s.k;
+  s.stride_w = s.n * s.k;
+  s.stride_y = s.n;
+  return gemm_->Run(s, xin, w.data, y.ptr<float>(), stream_.get());
+}
+
+absl::Status CudaBackend::RmsNorm(const Tensor& x, const Tensor& weight, const RmsNormParams& p,
+                                  Tensor y) {
+  RETURN_IF_ERROR(op_checks::RmsNorm(x, weight, y));
+  const int64_t dim = x.dim(x.shape.rank - 1);
+  return cuda::RmsNorm(x.ptr<float>(), F(weight), x.numel() / dim, dim, p.eps, y.ptr<float>(),
+                       stream_.get());
+}
+
+absl::Status CudaBackend::Rope(Tensor x, const RopeParams& p) {
+  RETURN_IF_ERROR(op_checks::Rope(x, p, view_.num_tokens));
+  return cuda::Rope(x.ptr<float>(), x.dim(0), x.dim(1), x.dim(2), p.rope_dims, F(p.inv_freq),
+                    view_.positions, p.inverse, stream_.get());
+}
+
+absl::Status CudaBackend::Add(const Tensor& a, const Tensor& b, Tensor out) {
+  RETURN_IF_ERROR(op_checks::Add(a, b, out));
+  return cuda::Add(a.ptr<float>(), b.ptr<float>(), out.ptr<float>(), a.numel(), stream_.get());
+}
+
+absl::Status CudaBackend::GatherLogitRows(const Tensor& x, Tensor out) {
+  RETURN_IF_ERROR(op_checks::GatherLogitRows(x, out, num_logit_rows_));
+  return cuda::GatherRows(x.ptr<float>(), x.dim(1), logit_rows_, num_logit_rows_, out.ptr<float>(),
+                          stream_.get());
+}
+
+absl::Status CudaBackend::HcExpand(const Tensor& x, Tensor hs) {
+  RETURN_IF_ERROR(op_checks::HcExpand(x, hs));
+  return cuda::HcExpand(x.ptr<float>(), hs.dim(0), hs.dim(1), hs.dim(2), hs.ptr<float>(),
+                        stream_.get());
+}
+
+absl::Status CudaBackend::HcPre(const Tensor& hs, const Tensor& fn, const Tensor& base,
+                                const Tensor& scale, const HcParams& p, Tensor collapsed,
+                                Tensor post, Tensor comb) {
+  RETURN_IF_ERROR(op_checks::HcPre(hs, fn, base, scale, p, collapsed, post, comb));
+  return cuda::HcPre(HcDimsOf(hs, p), hs.ptr<float>(), F(fn), F(base), F(scale),
+                     collapsed.ptr<float>(), post.ptr<float>(), comb.ptr<float>(), stream_.get());
+}
+
+absl::Status CudaBackend::HcPost(const Tensor& hs, const Tensor& f, const Tensor& post,
+                                 const Tensor& comb, Tensor out) {
+  RETURN_IF_ERROR(op_checks::HcPost(hs, f, post, comb, out));
+  HcParams p;
+  p.hc_mult = hs.dim(1);
+  return cuda::HcPost(HcDimsOf(hs, p), hs.ptr<float>(), f.ptr<float>(), post.ptr<float>(),
+                      comb.ptr<float>(), out.ptr<float>(), stream_.get());
+}
+
+absl::Status CudaBackend::HcHead(const Tensor& hs, const Tensor& fn, const Tensor& base,
+                                 const Tensor& scale, const HcParams& p, Tensor y) {
+  RETURN_IF_ERROR(op_checks::HcHead(hs, fn, base, scale, y));
+  return cuda::HcHead(HcDimsOf(hs, p), hs.ptr<float>(), F(fn), F(base), F(scale), y.ptr<float>(),
+                      stream_.get());
+}
+
+absl::Status CudaBackend::Compress(const CompressParams& p, const Tensor& a, const Tensor& z,
+                                   Tensor state, Tensor entries) {
+  RETURN_IF_ERROR(op_checks::Compress(p, a, z, state, entries, view_.num_tokens, view_.block_size));
+  cuda::CompressorDims d;
+  d.ratio = p.ratio;
+  d.overlap = p.overlap;
+  d.dim = p.dim;
+  d.rope_dims = p.rope.rope_dims;
+  d.norm_eps = p.norm_eps;
+  return cuda::Compress(d, view_, a.ptr<float>(), z.ptr<float>(), F(p.position_bias),
+                        F(p.norm_weight), F(p.rope.inv_freq), state.ptr<float>(),
+                        entries.ptr<float>(), stream_.get());
+}
+
+absl::Status CudaBackend::IndexerTopK(const IndexerParams& p, const Tensor& q,
+                                      const Tensor& weights, const Tensor& keys, Tensor out) {
+  RETURN_IF_ERROR(op_checks::IndexerTopK(p, q, weights, keys, out, view_.num_tokens,
+                                         view_.block_size));
+  cuda::IndexerDims d;
+  d.heads = q.dim(1);
+  d.dim = q.dim(2);
+  d.ratio = p.ratio;
+  d.topk = p.topk;
+  d.weight_scale = p.weight_scale;
+  d.score_scale = p.score_scale;
+  // Visible entries of the latest token: floor((pos + 1) / m).
+  const int64_t max_visible = (int64_t{max_position_} + 1) / p.ratio;
+  if (!view_.force_indexer_scoring && max_visible <= p.topk) {
+    return cuda::IndexerSelectAll(d, view_, out.ptr<int32_t>(), stream_.get());
+  }
+  ASSIGN_OR_RETURN(Tensor scores,
+                   Scratch(DType::kF32, Shape{view_.num_tokens, std::max<int64_t>(max_visible, 1)}));
+  return cuda::IndexerTopK(d, view_, q.ptr<float>(), weights.ptr<float>(), keys.ptr<float>(),
+                           max_visible, scores.ptr<float>(), out.ptr<int32_t>(), stream_.get());
+}
+
+absl::Status CudaBackend::Attention(const AttentionParams& p, const Tensor& q, const Tensor& kv,
+                                    const Tensor& ring, const Tensor& entries,
+                                    const Tensor& selected, const Tensor& sinks, Tensor out) {
+  RETURN_IF_ERROR(op_checks::Attention(p, q, kv, ring, entries, selected, sinks, out,
+                                       view_.num_tokens, view_.block_size));
+  cuda::AttentionDims d;
+  d.heads = q.dim(1);
+  d.dim = q.dim(2);
+  d.window = p.window;
+  d.ratio = p.ratio;
+  d.topk = selected.empty() ? 0 : selected.dim(1);
+  d.dense_compressed = p.dense_compressed;
+  d.scale = p.scale;
+  return cuda::Attention(d, view_, q.ptr<float>(), kv.ptr<float>(), ring.ptr<float>(),
+                         p.ratio > 0 ? F(entries) : nullptr, I(selected), F(sinks),
+                         out.ptr<float>(), stream_.get());
+}
+
+absl::Status CudaBackend::RingWrite(const Tensor& kv, Tensor ring) {
+  RETURN_IF_ERROR(op_checks::RingWrite(kv, ring, view_.num_tokens));
+  return cuda::RingWrite(kv.ptr<float>(), ring.dim(2), ring.dim(1), view_, ring.ptr<float>(),
+                         stream_.get());
+}
+
+absl::Status CudaBackend::Route(const RouterParams& p, const Tensor& logits, const Tensor& bias,
+                                const Tensor& tid2eid, Tensor idx, Tensor weights) {
+  RETURN_IF_ERROR(op_checks::Route(p, logits, bias, tid2eid, idx, weights, view_.num_tokens));
+  cuda::RouterDims d;
+  d.tokens = logits.dim(0);
+  d.experts = logits.dim(1);
+  d.top_k = p.top_k;
+  d.routed_scale = p.routed_scale;
+  return cuda::Route(d, logits.ptr<float>(), F(bias), p.hash ? I(tid2eid) : nullptr,
+                     view_.token_ids, idx.ptr<int32_t>(), weights.ptr<float>(), stream_.get());
+}
+
+absl::Status CudaBackend::MoeExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,
+                                     const Tensor& gate_up, const Tensor& down, float swiglu_limit,
+                                     Tensor out) {
+  RETURN_IF_ERROR(op_checks::MoeExperts(u, idx, weights, gate_up, down, out));
+  cuda::ExpertsDims d;
+  d.tokens = u.dim(0);
+  d.dim = u.dim(1);
+  d.inter = down.dim(2);
+  d.experts = gate_up.dim(0);
+  d.top_k = idx.dim(1);
+  d.swiglu_limit = swiglu_limit;
+  ASSIGN_OR_RETURN(Tensor ws, Scratch(DType::kU8, Shape{static_cast<int64_t>(cuda::MoeWorkspaceBytes(d))}));
+  return cuda::MoeExperts(d, u.ptr<float>(), idx.ptr<int32_t>(), weights.ptr<float>(),
+                          gate_up.data, down.data, gate_up.dtype, ws.data, out.ptr<float>(),
+                          stream_.get());
+}
+
+absl::Status CudaBackend::SwiGlu(const Tensor& gate_up, float limit, Tensor h) {
+  RETURN_IF_ERROR(op_checks::SwiGlu(gate_up, h));
+  return cuda::SwiGlu(gate_up.ptr<float>(), h.dim(0), h.dim(1), limit, h.ptr<float>(),
+                      stream_.get());
+}
+
+}  // namespace dsv4

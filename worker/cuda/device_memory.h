@@ -1,0 +1,105 @@
+// RAII owners of CUDA resources used by the GPU worker: device buffers, pinned host buffers,
+// streams and events. Move-only; destructors log (never throw) on failure.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "kernels/common/cuda_check.h"
+
+namespace dsv4 {
+
+template <cudaError_t (*Free)(void*)>
+class CudaPtr {
+ public:
+  CudaPtr() = default;
+  CudaPtr(void* p, size_t bytes) : p_(p), bytes_(bytes) {}
+  CudaPtr(CudaPtr&& o) noexcept : p_(std::exchange(o.p_, nullptr)), bytes_(o.bytes_) {}
+  CudaPtr& operator=(CudaPtr&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      p_ = std::exchange(o.p_, nullptr);
+      bytes_ = o.bytes_;
+    }
+    return *this;
+  }
+  CudaPtr(const CudaPtr&) = delete;
+  CudaPtr& operator=(const CudaPtr&) = delete;
+  ~CudaPtr() { Reset(); }
+
+  void* get() const { return p_; }
+  size_t bytes() const { return bytes_; }
+  void Reset() {
+    if (p_ != nullptr) CUDA_LOG_IF_ERROR(Free(p_));
+    p_ = nullptr;
+    bytes_ = 0;
+  }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+using DeviceBuffer = CudaPtr<cudaFree>;
+using PinnedBuffer = CudaPtr<cudaFreeHost>;
+
+inline absl::StatusOr<DeviceBuffer> AllocDevice(size_t bytes) {
+  void* p = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes == 0 ? 1 : bytes));
+  return DeviceBuffer(p, bytes);
+}
+
+inline absl::StatusOr<PinnedBuffer> AllocPinned(size_t bytes) {
+  void* p = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaMallocHost(&p, bytes == 0 ? 1 : bytes));
+  return PinnedBuffer(p, bytes);
+}
+
+class CudaStream {
+ public:
+  static absl::StatusOr<CudaStream> Create() {
+    CudaStream s;
+    CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s.s_, cudaStreamNonBlocking));
+    return s;
+  }
+  CudaStream() = default;
+  CudaStream(CudaStream&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
+  CudaStream& operator=(CudaStream&& o) noexcept {
+    std::swap(s_, o.s_);
+    return *this;
+  }
+  ~CudaStream() {
+    if (s_ != nullptr) CUDA_LOG_IF_ERROR(cudaStreamDestroy(s_));
+  }
+  cudaStream_t get() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+class CudaEvent {
+ public:
+  static absl::StatusOr<CudaEvent> Create(unsigned flags = cudaEventDefault) {
+    CudaEvent e;
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e.e_, flags));
+    return e;
+  }
+  CudaEvent() = default;
+  CudaEvent(CudaEvent&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
+  CudaEvent& operator=(CudaEvent&& o) noexcept {
+    std::swap(e_, o.e_);
+    return *this;
+  }
+  ~CudaEvent() {
+    if (e_ != nullptr) CUDA_LOG_IF_ERROR(cudaEventDestroy(e_));
+  }
+  cudaEvent_t get() const { return e_; }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
+}  // namespace dsv4

@@ -1,0 +1,70 @@
+#include "worker/cuda_plugin.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/plugin.h"
+#include "common/status.h"
+
+namespace dsv4 {
+namespace {
+
+// Loaded once; kept until exit so that objects it created never outlive their code.
+absl::StatusOr<const Plugin*> LoadPlugin() {
+  static const absl::StatusOr<Plugin>* plugin = [] {
+    auto* p = new absl::StatusOr<Plugin>(Plugin::Open(DefaultCudaPluginPath()));
+    if (p->ok()) {
+      auto abi = (*p)->Function<Dsv4CudaAbiFn>("dsv4_cuda_plugin_abi");
+      if (!abi.ok()) {
+        *p = abi.status();
+      } else if ((**abi)() != kCudaPluginAbi) {
+        *p = absl::FailedPreconditionError(absl::StrCat(
+            "CUDA plugin ", DefaultCudaPluginPath(), " has ABI ", (**abi)(), ", this binary needs ",
+            kCudaPluginAbi, ": rebuild both from one tree"));
+      }
+    }
+    return p;
+  }();
+  if (!plugin->ok()) return plugin->status();
+  return &**plugin;
+}
+
+}  // namespace
+
+absl::StatusOr<Precision> ParsePrecision(std::string_view s) {
+  if (s == "bf16") return Precision::kBF16;
+  if (s == "fp32") return Precision::kFP32;
+  return absl::InvalidArgumentError(absl::StrCat("precision must be bf16 or fp32, got '", AV(s), "'"));
+}
+
+const char* PrecisionName(Precision p) { return p == Precision::kFP32 ? "fp32" : "bf16"; }
+
+absl::StatusOr<int> CudaDeviceCount() {
+  ASSIGN_OR_RETURN(const Plugin* plugin, LoadPlugin());
+  using CountFn = int(char*, int);
+  ASSIGN_OR_RETURN(CountFn * count, plugin->Function<CountFn>("dsv4_cuda_device_count"));
+  char msg[256] = {0};
+  const int n = count(msg, sizeof(msg));
+  if (n < 0) return absl::UnavailableError(absl::StrCat("no CUDA device: ", msg));
+  return n;
+}
+
+absl::StatusOr<std::unique_ptr<Worker>> CreateCudaWorker(const CudaWorkerSpec& spec) {
+  ASSIGN_OR_RETURN(const Plugin* plugin, LoadPlugin());
+  ASSIGN_OR_RETURN(Dsv4CreateCudaWorkerFn * create,
+                   plugin->Function<Dsv4CreateCudaWorkerFn>("dsv4_create_cuda_worker"));
+  absl::Status status;
+  std::unique_ptr<Worker> w(create(&spec, &status));
+  if (w == nullptr) return status.ok() ? absl::InternalError("CUDA worker creation failed") : status;
+  return w;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device, Precision precision) {
+  ASSIGN_OR_RETURN(const Plugin* plugin, LoadPlugin());
+  ASSIGN_OR_RETURN(Dsv4CreateCudaBackendFn * create,
+                   plugin->Function<Dsv4CreateCudaBackendFn>("dsv4_create_cuda_backend"));
+  absl::Status status;
+  std::unique_ptr<Backend> b(create(device, precision == Precision::kFP32 ? 1 : 0, &status));
+  if (b == nullptr) return status.ok() ? absl::InternalError("CUDA backend creation failed") : status;
+  return b;
+}
+
+}  // namespace dsv4

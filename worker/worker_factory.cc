@@ -1,0 +1,78 @@
+#include "worker/worker_factory.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "worker/cpu/cpu_backend.h"
+#include "worker/cpu_worker.h"
+#include "worker/model/safetensors.h"
+
+namespace dsv4 {
+
+std::string DeviceChoice::name() const { return cuda ? absl::StrCat("cuda:", index) : "cpu"; }
+
+absl::StatusOr<DeviceChoice> ResolveDevice(std::string_view device) {
+  DeviceChoice d;
+  if (device == "cpu") return d;
+  if (device == "auto") {
+    auto n = CudaDeviceCount();
+    d.cuda = n.ok() && *n > 0;
+    return d;
+  }
+  if (device == "cuda") {
+    d.cuda = true;
+  } else if (device.substr(0, 5) == "cuda:" &&
+             absl::SimpleAtoi(AV(device.substr(5)), &d.index) && d.index >= 0) {
+    d.cuda = true;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device must be auto, cpu, cuda or cuda:N, got '", AV(device), "'"));
+  }
+  ASSIGN_OR_RETURN(int n, CudaDeviceCount());
+  if (d.index >= n) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("device ", d.name(), " requested but ", n, " CUDA device(s) are visible"));
+  }
+  return d;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const DeviceChoice& device,
+                                                       Precision precision) {
+  if (!device.cuda) return std::unique_ptr<Backend>(std::make_unique<CpuBackend>());
+  return CreateCudaBackend(device.index, precision);
+}
+
+absl::StatusOr<std::unique_ptr<Dsv4Model>> CreateModel(const DeviceChoice& device,
+                                                       Precision precision,
+                                                       const ModelConfig& config,
+                                                       const WeightsSpec& weights,
+                                                       const CacheConfig& cache) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(device, precision));
+  if (weights.synthetic) {
+    return Dsv4Model::LoadSynthetic(config, weights.seed, std::move(backend), cache);
+  }
+  ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(weights.model_dir));
+  return Dsv4Model::Load(config, *ckpt, std::move(backend), cache);
+}
+
+absl::StatusOr<std::unique_ptr<Worker>> CreateWorker(const DeviceChoice& device,
+                                                     Precision precision,
+                                                     const ModelConfig& config,
+                                                     const WeightsSpec& weights,
+                                                     const CacheConfig& cache) {
+  if (device.cuda) {
+    CudaWorkerSpec spec;
+    spec.device = device.index;
+    spec.precision = precision;
+    spec.config = config;
+    spec.model_dir = weights.synthetic ? "" : weights.model_dir;
+    spec.synthetic_seed = weights.seed;
+    spec.cache = cache;
+    return CreateCudaWorker(spec);
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Dsv4Model> model,
+                   CreateModel(device, precision, config, weights, cache));
+  return std::unique_ptr<Worker>(std::make_unique<CpuWorker>(std::move(model)));
+}
+
+}  // namespace dsv4

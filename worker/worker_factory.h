@@ -1,0 +1,50 @@
+// Device selection and worker construction for this process: "auto" takes the first GPU when the
+// CUDA plugin loads and sees one, else the CPU; "cpu", "cuda" and "cuda:N" are explicit. A CPU
+// worker runs the fp32 reference; a CUDA worker runs the GPU plugin in bf16 or fp32.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "worker/cuda_plugin.h"
+#include "worker/model/dsv4_model.h"
+#include "worker/worker.h"
+
+namespace dsv4 {
+
+struct DeviceChoice {
+  bool cuda = false;
+  int index = 0;
+  std::string name() const;  // "cpu" or "cuda:N"
+};
+
+// Parses and checks `device` (auto|cpu|cuda|cuda:N). An explicit cuda device that is not there
+// is an error naming why (no plugin, no driver, index out of range).
+absl::StatusOr<DeviceChoice> ResolveDevice(std::string_view device);
+
+// A bare backend for driving Dsv4Model directly (CLI bench/generate, tests).
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const DeviceChoice& device,
+                                                       Precision precision);
+
+// Where the weights come from: a checkpoint directory, or synthetic weights (no file).
+struct WeightsSpec {
+  std::string model_dir;
+  bool synthetic = false;
+  uint64_t seed = 1;
+};
+
+absl::StatusOr<std::unique_ptr<Dsv4Model>> CreateModel(const DeviceChoice& device,
+                                                       Precision precision,
+                                                       const ModelConfig& config,
+                                                       const WeightsSpec& weights,
+                                                       const CacheConfig& cache);
+
+// A worker for the serving engine (GPU sampling on CUDA).
+absl::StatusOr<std::unique_ptr<Worker>> CreateWorker(const DeviceChoice& device,
+                                                     Precision precision,
+                                                     const ModelConfig& config,
+                                                     const WeightsSpec& weights,
+                                                     const CacheConfig& cache);
+
+}  // namespace dsv4
