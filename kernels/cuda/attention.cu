@@ -1,5 +1,7 @@
 #include "kernels/cuda/attention.h"
 
+#include <algorithm>
+
 #include "kernels/common/cuda_check.h"
 #include "kernels/cuda/common.cuh"
 
@@ -8,6 +10,8 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kChunk = 16;  // keys staged per iteration
+constexpr int64_t kTargetBlocks = 264;  // about two blocks per SM on H200
+constexpr int64_t kMaxSplits = 64;
 
 // Key j of token t's key list: window keys first (oldest to newest), then compressed entries.
 struct KeyList {
@@ -35,12 +39,16 @@ struct KeyList {
 
 // Block: one query token, kHeads heads. Thread layout: head h = tid / (kThreads / kHeads); within
 // a head, threads cover (key, dim-slice) pairs for scores and dim slices for the output.
+// Split-KV (flash decoding): block z covers keys [z * split_len, (z + 1) * split_len) and, when
+// `part` is set, leaves its unnormalised partial (acc[kDim], running max, running sum) there for
+// CombineKernel; with one split it finishes the softmax itself.
 template <int kHeads, int kDim>
 __global__ void __launch_bounds__(kThreads) AttentionKernel(AttentionDims s, RaggedBatchView b,
                                                             const float* q, const float* kv,
                                                             const float* ring, const float* entries,
                                                             const int32_t* selected,
-                                                            const float* sinks, float* out) {
+                                                            const float* sinks, float* out,
+                                                            int64_t split_len, float* part) {
   constexpr int kThreadsPerHead = kThreads / kHeads;         // 16 .. 128
   constexpr int kSplit = kThreadsPerHead / kChunk;           // threads per (head, key) score
   constexpr int kDimsPerThread = kDim / kThreadsPerHead;     // output dims per thread
@@ -95,6 +103,8 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(AttentionDims s, Rag
     }
   }
   const int64_t total = keys.n_window + keys.n_comp;
+  const int64_t k_begin = static_cast<int64_t>(blockIdx.z) * split_len;
+  const int64_t k_end = total < k_begin + split_len ? total : k_begin + split_len;
 
   for (int64_t i = tid; i < kHeads * kDim; i += kThreads) {
     sq[i] = q[(static_cast<int64_t>(t) * s.heads + h0) * kDim + i];
@@ -107,8 +117,8 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(AttentionDims s, Rag
   const int kj = ht / kSplit;            // key of this thread's score
   const int ks = ht % kSplit;            // dim slice of that score
   constexpr int kScoreDims = kDim / kSplit;
-  for (int64_t base = 0; base < total; base += kChunk) {
-    const int n = total - base < kChunk ? static_cast<int>(total - base) : kChunk;
+  for (int64_t base = k_begin; base < k_end; base += kChunk) {
+    const int n = k_end - base < kChunk ? static_cast<int>(k_end - base) : kChunk;
     __syncthreads();
     if (tid < n) s_key[tid] = keys.Key(base + tid);
     __syncthreads();
@@ -127,8 +137,16 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(AttentionDims s, Rag
     if (kj < n) {
       const float* qh = sq + hl * kDim + ks * kScoreDims;
       const float* kk = sk + kj * kStride + ks * kScoreDims;
-#pragma unroll 8
-      for (int d = 0; d < kScoreDims; ++d) score += qh[d] * kk[d];
+      // Four independent accumulators: the dot product is latency-bound otherwise.
+      float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma unroll 4
+      for (int d = 0; d < kScoreDims; d += 4) {
+        s0 += qh[d] * kk[d];
+        s1 += qh[d + 1] * kk[d + 1];
+        s2 += qh[d + 2] * kk[d + 2];
+        s3 += qh[d + 3] * kk[d + 3];
+      }
+      score = (s0 + s1) + (s2 + s3);
     }
 #pragma unroll
     for (int o = kSplit / 2; o > 0; o >>= 1) score += __shfl_xor_sync(0xffffffffu, score, o);
@@ -157,6 +175,17 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(AttentionDims s, Rag
       for (int i = 0; i < kDimsPerThread; ++i) acc[i] += pj * kk[i];
     }
   }
+  if (part != nullptr) {
+    const int64_t slot = (static_cast<int64_t>(t) * s.heads + h0 + hl) * gridDim.z + blockIdx.z;
+    float* pp = part + slot * (kDim + 2);
+#pragma unroll
+    for (int i = 0; i < kDimsPerThread; ++i) pp[ht * kDimsPerThread + i] = acc[i];
+    if (ht == 0) {
+      pp[kDim] = m_run;
+      pp[kDim + 1] = l_run;
+    }
+    return;
+  }
   // The sink joins the softmax without a value.
   const float sink = sinks[h0 + hl];
   const float m_fin = fmaxf(m_run, sink);
@@ -167,28 +196,90 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(AttentionDims s, Rag
   for (int i = 0; i < kDimsPerThread; ++i) o[i] = total > 0 ? acc[i] * rescale : 0.0f;
 }
 
+}  // namespace
+
+int AttentionSplits(const AttentionDims& s, int64_t tokens);
+
+namespace {
+
+// Keys per split: max_keys spread evenly, rounded up to whole chunks.
+int64_t SplitLen(const AttentionDims& s, int splits) {
+  const int64_t per = (s.max_keys + splits - 1) / splits;
+  return (per + kChunk - 1) / kChunk * kChunk;
+}
+
+// Merges the splits of (token, head) = (blockIdx.x, blockIdx.y) with the sink.
+__global__ void CombineKernel(int64_t heads, int64_t dim, int splits, const float* part,
+                              const float* sinks, float* out) {
+  const int64_t t = blockIdx.x, h = blockIdx.y;
+  const float* pp = part + (t * heads + h) * splits * (dim + 2);
+  const float sink = sinks[h];
+  float m = sink;
+  for (int z = 0; z < splits; ++z) m = fmaxf(m, pp[z * (dim + 2) + dim]);
+  float denom = expf(sink - m);
+  for (int z = 0; z < splits; ++z) {
+    const float mz = pp[z * (dim + 2) + dim];
+    if (mz > -INFINITY) denom += pp[z * (dim + 2) + dim + 1] * expf(mz - m);
+  }
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    float acc = 0.0f;
+    for (int z = 0; z < splits; ++z) {
+      const float mz = pp[z * (dim + 2) + dim];
+      if (mz > -INFINITY) acc += pp[z * (dim + 2) + i] * expf(mz - m);
+    }
+    out[(t * heads + h) * dim + i] = acc / denom;
+  }
+}
+
 template <int kHeads, int kDim>
 absl::Status Launch(const AttentionDims& s, const RaggedBatchView& b, const float* q,
                     const float* kv, const float* ring, const float* entries,
-                    const int32_t* selected, const float* sinks, float* out, cudaStream_t stream) {
+                    const int32_t* selected, const float* sinks, float* out, float* workspace,
+                    cudaStream_t stream) {
   const size_t smem =
       sizeof(float) * (kHeads * kDim + kChunk * (kDim + 1) + kHeads * kChunk);
   auto kernel = AttentionKernel<kHeads, kDim>;
   CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(smem)));
-  const dim3 grid(static_cast<unsigned>(b.num_tokens), static_cast<unsigned>(s.heads / kHeads));
-  kernel<<<grid, kThreads, smem, stream>>>(s, b, q, kv, ring, entries, selected, sinks, out);
+  const int splits = AttentionSplits(s, b.num_tokens);
+  const int64_t split_len = splits > 1 ? SplitLen(s, splits) : (int64_t{1} << 40);
+  const dim3 grid(static_cast<unsigned>(b.num_tokens), static_cast<unsigned>(s.heads / kHeads),
+                  static_cast<unsigned>(splits));
+  kernel<<<grid, kThreads, smem, stream>>>(s, b, q, kv, ring, entries, selected, sinks, out,
+                                           split_len, splits > 1 ? workspace : nullptr);
   CUDA_RETURN_IF_LAUNCH_ERROR();
+  if (splits > 1) {
+    CombineKernel<<<dim3(static_cast<unsigned>(b.num_tokens), static_cast<unsigned>(s.heads)), 128, 0,
+                    stream>>>(s.heads, kDim, splits, workspace, sinks, out);
+    CUDA_RETURN_IF_LAUNCH_ERROR();
+  }
   return absl::OkStatus();
 }
 
 }  // namespace
 
+int AttentionSplits(const AttentionDims& s, int64_t tokens) {
+  const int heads_per_block = s.heads % 8 == 0 ? 8 : 4;
+  const int64_t blocks = tokens * (s.heads / heads_per_block);
+  if (s.max_keys <= 2 * kChunk || blocks >= kTargetBlocks) return 1;
+  const int64_t by_blocks = (kTargetBlocks + blocks - 1) / blocks;
+  const int64_t by_keys = (s.max_keys + 2 * kChunk - 1) / (2 * kChunk);  // >= 2 chunks a split
+  return static_cast<int>(std::min<int64_t>({by_blocks, by_keys, kMaxSplits}));
+}
+
+int64_t AttentionWorkspaceFloats(const AttentionDims& s, int64_t tokens) {
+  const int splits = AttentionSplits(s, tokens);
+  return splits > 1 ? tokens * s.heads * splits * (s.dim + 2) : 0;
+}
+
 absl::Status Attention(const AttentionDims& s, const RaggedBatchView& b, const float* q,
                        const float* kv, const float* ring, const float* entries,
-                       const int32_t* selected, const float* sinks, float* out,
+                       const int32_t* selected, const float* sinks, float* out, float* workspace,
                        cudaStream_t stream) {
   if (b.num_tokens == 0) return absl::OkStatus();
+  if (AttentionSplits(s, b.num_tokens) > 1 && workspace == nullptr) {
+    return absl::InvalidArgumentError("attention: split-KV needs a workspace");
+  }
   const int heads_per_block = s.heads % 8 == 0 ? 8 : s.heads % 4 == 0 ? 4 : 0;
   if (heads_per_block == 0) {
     return absl::UnimplementedError(
@@ -197,8 +288,8 @@ absl::Status Attention(const AttentionDims& s, const RaggedBatchView& b, const f
 #define DSV4_ATTN_DIM(D)                                                                          \
   if (s.dim == D) {                                                                               \
     return heads_per_block == 8                                                                   \
-               ? Launch<8, D>(s, b, q, kv, ring, entries, selected, sinks, out, stream)          \
-               : Launch<4, D>(s, b, q, kv, ring, entries, selected, sinks, out, stream);         \
+               ? Launch<8, D>(s, b, q, kv, ring, entries, selected, sinks, out, workspace, stream)          \
+               : Launch<4, D>(s, b, q, kv, ring, entries, selected, sinks, out, workspace, stream);         \
   }
   DSV4_ATTN_DIM(64)
   DSV4_ATTN_DIM(128)

@@ -21,11 +21,18 @@ struct AttentionDims {
   int64_t topk = 0;
   bool dense_compressed = false;
   float scale = 1;
+  int64_t max_keys = 0;  // bound on any token's keys (window + compressed): sizes the split-KV
 };
+
+// Key splits per (token, head group): 1 when the batch already fills the GPU; more at small
+// batches over long contexts (flash decoding), merged by a combine pass.
+int AttentionSplits(const AttentionDims& s, int64_t tokens);
+// Floats of workspace Attention() needs for `tokens` tokens (0 without splits).
+int64_t AttentionWorkspaceFloats(const AttentionDims& s, int64_t tokens);
 
 absl::Status Attention(const AttentionDims& s, const RaggedBatchView& b, const float* q,
                        const float* kv, const float* ring, const float* entries,
-                       const int32_t* selected, const float* sinks, float* out,
+                       const int32_t* selected, const float* sinks, float* out, float* workspace,
                        cudaStream_t stream);
 
 }  // namespace dsv4::cuda

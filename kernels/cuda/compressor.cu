@@ -110,7 +110,7 @@ __global__ void EntryKernel(CompressorDims s, RaggedBatchView b, const float* a,
   for (int64_t i = threadIdx.x; i < d; i += blockDim.x) dst[i] = entry[i];
 }
 
-// One block per sequence: the previous-window first halves (CSA), then the open window's rows.
+// One block per sequence: the previous-window first halves (CSA), then the raw rows.
 __global__ void StateKernel(CompressorDims s, RaggedBatchView b, const float* a, const float* z,
                             const float* bias, float* state) {
   const int32_t seq = blockIdx.x;
@@ -144,7 +144,9 @@ __global__ void StateKernel(CompressorDims s, RaggedBatchView b, const float* a,
     }
   }
   __syncthreads();
-  const int64_t first = max(open_end * m, start);
+  // Raw rows of the last m tokens (rows pos % m are distinct among them): the open window's, plus
+  // the rows of the closed window that the reference, writing in order, also leaves behind.
+  const int64_t first = max(end - m, start);
   for (int64_t idx = threadIdx.x; idx < (end - first) * cd; idx += blockDim.x) {
     const int64_t tp = first + idx / cd, col = idx % cd;
     const int64_t r = row0 + (tp - start);

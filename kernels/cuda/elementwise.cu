@@ -76,6 +76,10 @@ __global__ void RingWriteKernel(const float* kv, int64_t dim, int64_t window, Ra
                                 float* ring) {
   const int32_t t = blockIdx.x;
   const int32_t seq = b.token_seq[t];
+  // Only the last `window` tokens of a sequence land in the ring: earlier ones of the same step
+  // would race for the same rows (the reference writes in order, so the latest wins).
+  const int64_t end = int64_t{b.seq_start_pos[seq]} + (b.seq_begin[seq + 1] - b.seq_begin[seq]);
+  if (b.positions[t] < end - window) return;
   float* dst = ring + (static_cast<int64_t>(b.state_slot[seq]) * window + b.positions[t] % window) * dim;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = kv[t * dim + i];
 }

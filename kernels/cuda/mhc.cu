@@ -12,46 +12,28 @@ constexpr int kThreads = 256;
 
 __device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-// Block computes mix[r] = Σ_i (f_i · inv) fn[r, i] for r < rows, into shared `mix`.
-template <int kRows>
-__device__ void NormalizedMix(const float* f, int64_t nd, const float* fn, int rows, float norm_eps,
-                              float* mix, float* scratch, double* dscratch) {
+// 1 / RMS of token t's flattened streams f[nd] (every thread gets it).
+__device__ float InvRms(const float* f, int64_t nd, float eps, double* dscratch) {
   double s = 0;
   for (int64_t i = threadIdx.x; i < nd; i += blockDim.x) s += static_cast<double>(f[i]) * f[i];
   s = BlockSumD(s, dscratch);
-  const float inv = 1.0f / sqrtf(static_cast<float>(s / static_cast<double>(nd)) + norm_eps);
-  float acc[kRows];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
-  for (int64_t i = threadIdx.x; i < nd; i += blockDim.x) {
-    const float v = f[i] * inv;
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      if (r < rows) acc[r] += v * fn[r * nd + i];
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    if (r < rows) {
-      const float total = BlockSum(acc[r], scratch);
-      if (threadIdx.x == 0) mix[r] = total;
-    }
-  }
-  __syncthreads();
+  return 1.0f / sqrtf(static_cast<float>(s / static_cast<double>(nd)) + eps);
 }
 
-template <int kRows>
-__global__ void HcPreKernel(HcDims d, const float* hs, const float* fn, const float* base,
+// mix_raw [T, rows] = flatten(hs) · fnᵀ comes from a GEMM; the RMS scale is applied here.
+__global__ void HcPreKernel(HcDims d, const float* hs, const float* mix_raw, const float* base,
                             const float* scale, float* collapsed, float* post, float* comb) {
-  __shared__ float scratch[32];
   __shared__ double dscratch[32];
-  __shared__ float mix[kRows];
+  __shared__ float mix[kMaxMix];
   __shared__ float pre[kMaxN];
   const int64_t t = blockIdx.x;
   const int n = static_cast<int>(d.n);
+  const int rows = (2 + n) * n;
   const int64_t nd = d.n * d.dim;
   const float* f = hs + t * nd;
-  NormalizedMix<kRows>(f, nd, fn, (2 + n) * n, d.norm_eps, mix, scratch, dscratch);
+  const float inv = InvRms(f, nd, d.norm_eps, dscratch);
+  if (threadIdx.x < rows) mix[threadIdx.x] = mix_raw[t * rows + threadIdx.x] * inv;
+  __syncthreads();
   if (threadIdx.x == 0) {
     for (int j = 0; j < n; ++j) {
       pre[j] = Sigmoid(mix[j] * scale[0] + base[j]) + d.hc_eps;
@@ -109,17 +91,17 @@ __global__ void HcPostKernel(HcDims d, const float* hs, const float* f, const fl
   }
 }
 
-__global__ void HcHeadKernel(HcDims d, const float* hs, const float* fn, const float* base,
+__global__ void HcHeadKernel(HcDims d, const float* hs, const float* mix_raw, const float* base,
                              const float* scale, float* y) {
-  __shared__ float scratch[32];
   __shared__ double dscratch[32];
-  __shared__ float mix[kMaxN];
   __shared__ float pre[kMaxN];
   const int64_t t = blockIdx.x;
   const int n = static_cast<int>(d.n);
   const float* f = hs + t * n * d.dim;
-  NormalizedMix<kMaxN>(f, n * d.dim, fn, n, d.norm_eps, mix, scratch, dscratch);
-  if (threadIdx.x < n) pre[threadIdx.x] = Sigmoid(mix[threadIdx.x] * scale[0] + base[threadIdx.x]) + d.hc_eps;
+  const float inv = InvRms(f, n * d.dim, d.norm_eps, dscratch);
+  if (threadIdx.x < n) {
+    pre[threadIdx.x] = Sigmoid(mix_raw[t * n + threadIdx.x] * inv * scale[0] + base[threadIdx.x]) + d.hc_eps;
+  }
   __syncthreads();
   for (int64_t i = threadIdx.x; i < d.dim; i += blockDim.x) {
     float acc = 0;
@@ -130,19 +112,13 @@ __global__ void HcHeadKernel(HcDims d, const float* hs, const float* fn, const f
 
 }  // namespace
 
-absl::Status HcPre(const HcDims& d, const float* hs, const float* fn, const float* base,
+absl::Status HcPre(const HcDims& d, const float* hs, const float* mix_raw, const float* base,
                    const float* scale, float* collapsed, float* post, float* comb,
                    cudaStream_t stream) {
   if (d.n < 1 || d.n > kMaxN) return absl::UnimplementedError("hc_mult must be in [1, 8]");
   if (d.tokens == 0) return absl::OkStatus();
-  const int rows = static_cast<int>((2 + d.n) * d.n);
-  if (rows <= 24) {
-    HcPreKernel<24><<<static_cast<unsigned>(d.tokens), kThreads, 0, stream>>>(
-        d, hs, fn, base, scale, collapsed, post, comb);
-  } else {
-    HcPreKernel<kMaxMix><<<static_cast<unsigned>(d.tokens), kThreads, 0, stream>>>(
-        d, hs, fn, base, scale, collapsed, post, comb);
-  }
+  HcPreKernel<<<static_cast<unsigned>(d.tokens), kThreads, 0, stream>>>(d, hs, mix_raw, base,
+                                                                         scale, collapsed, post, comb);
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
@@ -158,11 +134,12 @@ absl::Status HcPost(const HcDims& d, const float* hs, const float* f, const floa
   return absl::OkStatus();
 }
 
-absl::Status HcHead(const HcDims& d, const float* hs, const float* fn, const float* base,
+absl::Status HcHead(const HcDims& d, const float* hs, const float* mix_raw, const float* base,
                     const float* scale, float* y, cudaStream_t stream) {
   if (d.n < 1 || d.n > kMaxN) return absl::UnimplementedError("hc_mult must be in [1, 8]");
   if (d.tokens == 0) return absl::OkStatus();
-  HcHeadKernel<<<static_cast<unsigned>(d.tokens), kThreads, 0, stream>>>(d, hs, fn, base, scale, y);
+  HcHeadKernel<<<static_cast<unsigned>(d.tokens), kThreads, 0, stream>>>(d, hs, mix_raw, base, scale,
+                                                                          y);
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

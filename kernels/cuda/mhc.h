@@ -18,15 +18,17 @@ struct HcDims {
   float norm_eps = 1e-6f;
 };
 
+// The mixing projections run as a GEMM first (the caller's): mix_raw = flatten(hs) · fnᵀ,
+// un-normalised ([T, (2+n)n] for HcPre, [T, n] for HcHead); these kernels apply the RMS scale.
 // collapsed [T, D], post [T, n], comb [T, n, n] from hs [T, n, D] (n <= 8).
-absl::Status HcPre(const HcDims& d, const float* hs, const float* fn, const float* base,
+absl::Status HcPre(const HcDims& d, const float* hs, const float* mix_raw, const float* base,
                    const float* scale, float* collapsed, float* post, float* comb,
                    cudaStream_t stream);
 // out[t, k] = post[t, k] f[t] + Σ_j comb[t, j, k] hs[t, j]
 absl::Status HcPost(const HcDims& d, const float* hs, const float* f, const float* post,
                     const float* comb, float* out, cudaStream_t stream);
 // y [T, D] = Σ_j (σ(mix_j scale + base_j) + eps) hs[t, j], mix = rms-normed flatten(hs) · fnᵀ.
-absl::Status HcHead(const HcDims& d, const float* hs, const float* fn, const float* base,
+absl::Status HcHead(const HcDims& d, const float* hs, const float* mix_raw, const float* base,
                     const float* scale, float* y, cudaStream_t stream);
 
 }  // namespace dsv4::cuda

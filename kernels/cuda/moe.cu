@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kGemmThreads) GroupedGemvKernel(
     const float* x, int64_t ldx, bool by_token, int64_t top_k, const W* weight, int64_t n_out,
     int64_t k_in, const int32_t* order, const int32_t* offsets, const int32_t* active,
     const int32_t* num_active, float* y) {
-  __shared__ float sx[kGroup][kKChunk];
+  __shared__ __align__(16) float sx[kGroup][kKChunk];
   if (static_cast<int32_t>(blockIdx.y) >= *num_active) return;
   const int32_t e = active[blockIdx.y];
   const int32_t a0 = offsets[e], a1 = offsets[e + 1];
@@ -174,18 +174,22 @@ __global__ void __launch_bounds__(kGemmThreads) GroupedGemvKernel(
         sx[j][c] = x[src * ldx + k0 + c];
       }
       __syncthreads();
-      // 16-byte weight loads: 8 bf16 or 4 fp32 consecutive elements per lane.
+      // 16-byte weight loads: 8 bf16 or 4 fp32 consecutive elements per lane, the warp's rows
+      // loaded together so that several loads are in flight per lane.
       constexpr int kVec = 16 / sizeof(W);
+      for (int c = lane * kVec; c < kc; c += 32 * kVec) {
+        uint4 raw[kRowsPerWarp];
 #pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) {
-        const int64_t row = row_base + r;
-        if (row >= n_out) continue;
-        const W* wr = we + row * k_in + k0;
-        for (int c = lane * kVec; c < kc; c += 32 * kVec) {
-          const uint4 raw = *reinterpret_cast<const uint4*>(wr + c);
+        for (int r = 0; r < kRowsPerWarp; ++r) {
+          const int64_t row = row_base + r;
+          raw[r] = row < n_out ? *reinterpret_cast<const uint4*>(we + row * k_in + k0 + c)
+                               : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int r = 0; r < kRowsPerWarp; ++r) {
           float wv[kVec];
           if constexpr (sizeof(W) == 2) {
-            const __nv_bfloat162* p2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+            const __nv_bfloat162* p2 = reinterpret_cast<const __nv_bfloat162*>(&raw[r]);
 #pragma unroll
             for (int v = 0; v < kVec / 2; ++v) {
               const float2 f = __bfloat1622float2(p2[v]);
@@ -193,16 +197,25 @@ __global__ void __launch_bounds__(kGemmThreads) GroupedGemvKernel(
               wv[2 * v + 1] = f.y;
             }
           } else {
-            const float* pf = reinterpret_cast<const float*>(&raw);
+            const float* pf = reinterpret_cast<const float*>(&raw[r]);
 #pragma unroll
             for (int v = 0; v < kVec; ++v) wv[v] = pf[v];
           }
+          // Only the group's real assignments (decode groups are mostly one or two), with
+          // 16-byte shared-memory reads.
 #pragma unroll
           for (int j = 0; j < kGroup; ++j) {
-            float sum = 0.0f;
+            if (j < ng) {
+              const float4* xs = reinterpret_cast<const float4*>(&sx[j][c]);
+              float sum = 0.0f;
 #pragma unroll
-            for (int v = 0; v < kVec; ++v) sum += wv[v] * sx[j][c + v];
-            acc[r][j] += sum;
+              for (int v4 = 0; v4 < kVec / 4; ++v4) {
+                const float4 xv = xs[v4];
+                sum += wv[4 * v4] * xv.x + wv[4 * v4 + 1] * xv.y + wv[4 * v4 + 2] * xv.z +
+                       wv[4 * v4 + 3] * xv.w;
+              }
+              acc[r][j] += sum;
+            }
           }
         }
       }
@@ -212,8 +225,10 @@ __global__ void __launch_bounds__(kGemmThreads) GroupedGemvKernel(
       const int64_t row = row_base + r;
 #pragma unroll
       for (int j = 0; j < kGroup; ++j) {
-        const float v = WarpSum(acc[r][j]);
-        if (lane == 0 && row < n_out && j < ng) y[static_cast<int64_t>(g + j) * n_out + row] = v;
+        if (j < ng) {  // uniform across the warp
+          const float v = WarpSum(acc[r][j]);
+          if (lane == 0 && row < n_out) y[static_cast<int64_t>(g + j) * n_out + row] = v;
+        }
       }
     }
   }

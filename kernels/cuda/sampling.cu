@@ -129,6 +129,7 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(const float* logits, in
       if (l[i] > a.v || (l[i] == a.v && i < a.i)) a = {l[i], static_cast<int32_t>(i)};
     }
     token = BlockArgMax(a, sv, si).i;
+    if (token == INT32_MAX) token = 0;  // an all-NaN row: still a valid id
   } else {
     const float inv_t = p.temperature;
     float mx = -INFINITY;

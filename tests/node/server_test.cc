@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <random>
 #include <regex>
@@ -508,6 +509,16 @@ TEST_F(ServerTest, MetricsMoveAndPassPromtool) {
   EXPECT_EQ(testing::RunCommand("promtool check metrics < " + file, &out), 0) << out;
 }
 
+// Polls `done` for up to `limit`; false on timeout (a test never hangs on a missed event).
+bool WaitFor(const std::function<bool()>& done, std::chrono::seconds limit = std::chrono::seconds(60)) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
 TEST(ServerLifecycle, QueueFullAndDrain) {
   NodeOptions o = TestOptions();
   o.max_num_seqs = 1;
@@ -516,19 +527,21 @@ TEST(ServerLifecycle, QueueFullAndDrain) {
   ASSERT_TRUE(node.ok()) << node.status();
   const int port = (*node)->grpc_port();
   // One running + two waiting fill the node; the next call is refused.
-  GenerateRequest slow = Ids({5, 6, 7}, 300);
+  // Long enough that the first is still running when the third arrives, even on a GPU.
+  GenerateRequest slow = Ids({5, 6, 7}, 1000);
   slow.set_ignore_eos(true);
   std::vector<std::thread> calls;
   std::vector<CallResult> results(3);
   for (int i = 0; i < 3; ++i) {
     calls.emplace_back([&, i] { results[i] = Client(port).Generate(slow); });
-    while ((*node)->engine().stats().in_flight < i + 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_TRUE(WaitFor([&] { return (*node)->engine().stats().in_flight >= i + 1; }))
+        << "request " << i << " never became in flight";
   }
   const CallResult refused = Client(port).Generate(Ids({5}, 2));
   EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.status.error_message();
   // Drain with room to finish: everything in flight completes normally; new calls are refused.
   std::thread drainer([&] { EXPECT_TRUE((*node)->Drain(std::chrono::seconds(120))); });
-  while (!(*node)->engine().draining()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(WaitFor([&] { return (*node)->engine().draining(); }));
   const CallResult during = Client(port).Generate(Ids({5}, 2));
   EXPECT_EQ(during.status.error_code(), grpc::StatusCode::UNAVAILABLE);
   {
@@ -556,7 +569,7 @@ TEST(ServerLifecycle, DrainTimeoutCancelsTheRest) {
   endless.set_ignore_eos(true);
   CallResult result;
   std::thread call([&] { result = Client((*node)->grpc_port()).Generate(endless, 120); });
-  while ((*node)->engine().stats().in_flight < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(WaitFor([&] { return (*node)->engine().stats().in_flight >= 1; }));
   EXPECT_FALSE((*node)->Drain(std::chrono::milliseconds(100)));
   call.join();
   ASSERT_NE(result.finished(), nullptr);

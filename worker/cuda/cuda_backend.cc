@@ -279,11 +279,25 @@ absl::Status CudaBackend::HcExpand(const Tensor& x, Tensor hs) {
                         stream_.get());
 }
 
+absl::StatusOr<Tensor> CudaBackend::HcMix(const Tensor& hs, const Tensor& fn) {
+  // mix_raw [T, rows] = flatten(hs) [T, n*D] · fn [rows, n*D]ᵀ in fp32.
+  const int64_t T = hs.dim(0), nd = hs.dim(1) * hs.dim(2), rows = fn.numel() / nd;
+  ASSIGN_OR_RETURN(Tensor mix, Scratch(DType::kF32, Shape{T, rows}));
+  cuda::GemmShape s;
+  s.m = T;
+  s.n = rows;
+  s.k = nd;
+  s.dtype = DType::kF32;
+  RETURN_IF_ERROR(gemm_->Run(s, hs.data, fn.data, mix.ptr<float>(), stream_.get()));
+  return mix;
+}
+
 absl::Status CudaBackend::HcPre(const Tensor& hs, const Tensor& fn, const Tensor& base,
                                 const Tensor& scale, const HcParams& p, Tensor collapsed,
                                 Tensor post, Tensor comb) {
   RETURN_IF_ERROR(op_checks::HcPre(hs, fn, base, scale, p, collapsed, post, comb));
-  return cuda::HcPre(HcDimsOf(hs, p), hs.ptr<float>(), F(fn), F(base), F(scale),
+  ASSIGN_OR_RETURN(Tensor mix, HcMix(hs, fn));
+  return cuda::HcPre(HcDimsOf(hs, p), hs.ptr<float>(), mix.ptr<float>(), F(base), F(scale),
                      collapsed.ptr<float>(), post.ptr<float>(), comb.ptr<float>(), stream_.get());
 }
 
@@ -299,8 +313,9 @@ absl::Status CudaBackend::HcPost(const Tensor& hs, const Tensor& f, const Tensor
 absl::Status CudaBackend::HcHead(const Tensor& hs, const Tensor& fn, const Tensor& base,
                                  const Tensor& scale, const HcParams& p, Tensor y) {
   RETURN_IF_ERROR(op_checks::HcHead(hs, fn, base, scale, y));
-  return cuda::HcHead(HcDimsOf(hs, p), hs.ptr<float>(), F(fn), F(base), F(scale), y.ptr<float>(),
-                      stream_.get());
+  ASSIGN_OR_RETURN(Tensor mix, HcMix(hs, fn));
+  return cuda::HcHead(HcDimsOf(hs, p), hs.ptr<float>(), mix.ptr<float>(), F(base), F(scale),
+                      y.ptr<float>(), stream_.get());
 }
 
 absl::Status CudaBackend::Compress(const CompressParams& p, const Tensor& a, const Tensor& z,
@@ -352,9 +367,19 @@ absl::Status CudaBackend::Attention(const AttentionParams& p, const Tensor& q, c
   d.topk = selected.empty() ? 0 : selected.dim(1);
   d.dense_compressed = p.dense_compressed;
   d.scale = p.scale;
+  // Keys of the latest token: its window plus its visible (dense) or selected entries.
+  const int64_t upto = int64_t{max_position_} + 1;
+  const int64_t visible = p.ratio > 0 ? upto / p.ratio : 0;
+  d.max_keys = std::min<int64_t>(p.window, upto) +
+               (p.dense_compressed ? visible : std::min<int64_t>(visible, d.topk));
+  float* ws = nullptr;
+  if (const int64_t n = cuda::AttentionWorkspaceFloats(d, view_.num_tokens); n > 0) {
+    ASSIGN_OR_RETURN(Tensor w, Scratch(DType::kF32, Shape{n}));
+    ws = w.ptr<float>();
+  }
   return cuda::Attention(d, view_, q.ptr<float>(), kv.ptr<float>(), ring.ptr<float>(),
                          p.ratio > 0 ? F(entries) : nullptr, I(selected), F(sinks),
-                         out.ptr<float>(), stream_.get());
+                         out.ptr<float>(), ws, stream_.get());
 }
 
 absl::Status CudaBackend::RingWrite(const Tensor& kv, Tensor ring) {

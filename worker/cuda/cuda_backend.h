@@ -86,6 +86,7 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(const CudaBackendOptions& options) : options_(options) {}
   absl::StatusOr<Tensor> AllocPersistent(DType dtype, Shape shape);
   absl::StatusOr<const void*> MatrixOperand(const Tensor& x, const Tensor& w);
+  absl::StatusOr<Tensor> HcMix(const Tensor& hs, const Tensor& fn);
 
   CudaBackendOptions options_;
   CudaStream stream_;

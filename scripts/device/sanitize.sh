@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# On the GPU host: compute-sanitizer memcheck (and racecheck on the custom kernels) over the
+# kernel tests, at shapes that keep it under a few minutes. Logs go to $OUT (or ./gpu-logs).
+set -uo pipefail
+OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
+B=.gpu/bundle
+export DSV4_TEST_DATA_DIR=$PWD/tests/data
+CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+FILTER='CudaOps.RmsNorm*:CudaOps.Rope*:CudaOps.Embed*:CudaOps.Hyper*:CudaOps.Compress*:CudaOps.Indexer*:CudaOps.Attention*:CudaOps.Router*:CudaModel.Golden*:CudaModel.WorkerSampling*'
+rc=0
+"$CS" --tool memcheck --target-processes all --error-exitcode 3 \
+  bash $B/run.sh tests/dsv4_gpu_tests --gtest_filter="$FILTER" > "$OUT/memcheck.log" 2>&1 || rc=$?
+tail -3 "$OUT/memcheck.log"
+"$CS" --tool racecheck --target-processes all --error-exitcode 3 \
+  bash $B/run.sh tests/dsv4_gpu_tests --gtest_filter='CudaOps.Compress*:CudaOps.Indexer*:CudaOps.Attention*:CudaModel.WorkerSampling*' \
+  > "$OUT/racecheck.log" 2>&1 || rc=$?
+tail -3 "$OUT/racecheck.log"
+exit $rc
