@@ -93,9 +93,13 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(AttentionDims s, Rag
       // are not causally visible.
       const int32_t* sel = selected + t * s.topk;
       if (tid == 0) {
-        int32_t n = 0;
-        while (n < s.topk && sel[n] >= 0 && sel[n] < visible) ++n;
-        s_compact[0] = n;
+        // Binary search for the end of the valid prefix.
+        int32_t lo = 0, hi = static_cast<int32_t>(s.topk);
+        while (lo < hi) {
+          const int32_t mid = (lo + hi) / 2;
+          if (sel[mid] >= 0 && sel[mid] < visible) lo = mid + 1; else hi = mid;
+        }
+        s_compact[0] = lo;
       }
       __syncthreads();
       keys.sel = sel;

@@ -140,22 +140,29 @@ __global__ void IotaKernel(int32_t* x, int64_t n) {
 // `by_token`, else order position a itself (rows of `x` already in sorted order).
 constexpr int kGroup = 8;
 constexpr int kKChunk = 1024;
-constexpr int kRows = 32;
 constexpr int kGemmThreads = 256;
+constexpr int kWarps = kGemmThreads / 32;
+constexpr int kMoeRowsPerWarp = 4;
+constexpr int kGemvRowsPerWarp = 1;  // plain GEMV: more blocks for narrow outputs
 
-template <typename W>
+// With `active` null this is a plain small-M GEMV: one "expert" (weight itself) and rows
+// [0, dense_rows) of x in order. bf16 weights see x rounded to bf16 (the GEMM convention).
+template <typename W, int kRowsPerWarp>
 __global__ void __launch_bounds__(kGemmThreads) GroupedGemvKernel(
     const float* x, int64_t ldx, bool by_token, int64_t top_k, const W* weight, int64_t n_out,
     int64_t k_in, const int32_t* order, const int32_t* offsets, const int32_t* active,
-    const int32_t* num_active, float* y) {
+    const int32_t* num_active, int32_t dense_rows, float* y) {
+  constexpr int kRows = kRowsPerWarp * kWarps;
   __shared__ __align__(16) float sx[kGroup][kKChunk];
-  if (static_cast<int32_t>(blockIdx.y) >= *num_active) return;
-  const int32_t e = active[blockIdx.y];
-  const int32_t a0 = offsets[e], a1 = offsets[e + 1];
+  int32_t e = 0, a0 = 0, a1 = dense_rows;
+  if (active != nullptr) {
+    if (static_cast<int32_t>(blockIdx.y) >= *num_active) return;
+    e = active[blockIdx.y];
+    a0 = offsets[e];
+    a1 = offsets[e + 1];
+  }
   const W* we = weight + static_cast<int64_t>(e) * n_out * k_in;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  constexpr int kWarps = kGemmThreads / 32;
-  constexpr int kRowsPerWarp = kRows / kWarps;
   const int64_t row_base = static_cast<int64_t>(blockIdx.x) * kRows + warp * kRowsPerWarp;
   for (int32_t g = a0; g < a1; g += kGroup) {
     const int ng = a1 - g < kGroup ? a1 - g : kGroup;
@@ -171,12 +178,17 @@ __global__ void __launch_bounds__(kGemmThreads) GroupedGemvKernel(
       for (int i = threadIdx.x; i < ng * kc; i += kGemmThreads) {
         const int j = i / kc, c = i % kc;
         const int64_t src = by_token ? order[g + j] / top_k : g + j;
-        sx[j][c] = x[src * ldx + k0 + c];
+        const float v = x[src * ldx + k0 + c];
+        sx[j][c] = sizeof(W) == 2 ? __bfloat162float(__float2bfloat16_rn(v)) : v;
       }
       __syncthreads();
       // 16-byte weight loads: 8 bf16 or 4 fp32 consecutive elements per lane, the warp's rows
       // loaded together so that several loads are in flight per lane.
       constexpr int kVec = 16 / sizeof(W);
+      // One row per warp (plain GEMV): unroll along K for loads in flight; the expert path already
+      // has kRowsPerWarp of them and more would cost registers.
+      constexpr int kUnroll = kRowsPerWarp >= 4 ? 1 : 4;
+#pragma unroll kUnroll
       for (int c = lane * kVec; c < kc; c += 32 * kVec) {
         uint4 raw[kRowsPerWarp];
 #pragma unroll
@@ -335,6 +347,27 @@ size_t MoeWorkspaceBytes(const ExpertsDims& d) {
   return Layout(d, nullptr, &w);
 }
 
+absl::Status SmallGemv(const float* x, int64_t m, int64_t k, const void* w, DType wdtype, int64_t n,
+                       float* y, cudaStream_t stream) {
+  if (m == 0 || n == 0) return absl::OkStatus();
+  if (m > kSmallGemvMaxRows || k % 8 != 0) {
+    return absl::InvalidArgumentError("SmallGemv: needs m <= 8 and k a multiple of 8");
+  }
+  constexpr int kRows = kGemvRowsPerWarp * kWarps;
+  const dim3 grid(static_cast<unsigned>((n + kRows - 1) / kRows), 1);
+  if (wdtype == DType::kBF16) {
+    GroupedGemvKernel<__nv_bfloat16, kGemvRowsPerWarp><<<grid, kGemmThreads, 0, stream>>>(
+        x, k, false, 1, static_cast<const __nv_bfloat16*>(w), n, k, nullptr, nullptr, nullptr,
+        nullptr, static_cast<int32_t>(m), y);
+  } else {
+    GroupedGemvKernel<float, kGemvRowsPerWarp><<<grid, kGemmThreads, 0, stream>>>(
+        x, k, false, 1, static_cast<const float*>(w), n, k, nullptr, nullptr, nullptr, nullptr,
+        static_cast<int32_t>(m), y);
+  }
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
 absl::Status MoeExperts(const ExpertsDims& d, const float* u, const int32_t* idx,
                         const float* weights, const void* gate_up, const void* down, DType wdtype,
                         void* workspace, float* out, cudaStream_t stream) {
@@ -361,28 +394,29 @@ absl::Status MoeExperts(const ExpertsDims& d, const float* u, const int32_t* idx
   CUDA_RETURN_IF_LAUNCH_ERROR();
   const unsigned max_active = static_cast<unsigned>(std::min<int64_t>(d.experts, a));
   const int64_t n_gu = 2 * d.inter;
+  constexpr int kRows = kMoeRowsPerWarp * kWarps;
   const dim3 grid_gu(static_cast<unsigned>((n_gu + kRows - 1) / kRows), max_active);
   const dim3 grid_down(static_cast<unsigned>((d.dim + kRows - 1) / kRows), max_active);
   if (wdtype == DType::kBF16) {
-    GroupedGemvKernel<<<grid_gu, kGemmThreads, 0, stream>>>(
+    GroupedGemvKernel<__nv_bfloat16, kMoeRowsPerWarp><<<grid_gu, kGemmThreads, 0, stream>>>(
         u, d.dim, true, d.top_k, static_cast<const __nv_bfloat16*>(gate_up), n_gu, d.dim, w.order,
-        w.offsets, w.active, w.num_active, w.gu);
+        w.offsets, w.active, w.num_active, 0, w.gu);
   } else {
-    GroupedGemvKernel<<<grid_gu, kGemmThreads, 0, stream>>>(
+    GroupedGemvKernel<float, kMoeRowsPerWarp><<<grid_gu, kGemmThreads, 0, stream>>>(
         u, d.dim, true, d.top_k, static_cast<const float*>(gate_up), n_gu, d.dim, w.order,
-        w.offsets, w.active, w.num_active, w.gu);
+        w.offsets, w.active, w.num_active, 0, w.gu);
   }
   CUDA_RETURN_IF_LAUNCH_ERROR();
   absl::Status st = SwiGlu(w.gu, a, d.inter, d.swiglu_limit, w.h, stream);
   if (!st.ok()) return st;
   if (wdtype == DType::kBF16) {
-    GroupedGemvKernel<<<grid_down, kGemmThreads, 0, stream>>>(
+    GroupedGemvKernel<__nv_bfloat16, kMoeRowsPerWarp><<<grid_down, kGemmThreads, 0, stream>>>(
         w.h, d.inter, false, d.top_k, static_cast<const __nv_bfloat16*>(down), d.dim, d.inter,
-        w.order, w.offsets, w.active, w.num_active, w.y);
+        w.order, w.offsets, w.active, w.num_active, 0, w.y);
   } else {
-    GroupedGemvKernel<<<grid_down, kGemmThreads, 0, stream>>>(
+    GroupedGemvKernel<float, kMoeRowsPerWarp><<<grid_down, kGemmThreads, 0, stream>>>(
         w.h, d.inter, false, d.top_k, static_cast<const float*>(down), d.dim, d.inter, w.order,
-        w.offsets, w.active, w.num_active, w.y);
+        w.offsets, w.active, w.num_active, 0, w.y);
   }
   CUDA_RETURN_IF_LAUNCH_ERROR();
   CombineKernel<<<static_cast<unsigned>(d.tokens), 256, 0, stream>>>(w.y, w.position, weights,

@@ -75,6 +75,7 @@ TEST(CudaOps, LinearBf16MatchesReferenceOnRoundedOperands) {
   DSV4_REQUIRE_GPU();
   BackendPair p(Precision::kBF16);
   for (const GemmCase& c : std::vector<GemmCase>{{1, 129280, 4096},  // lm_head
+                                                  {1, 1024, 4096},    // the GEMV kernel
                                                   {8, 1024, 4096},
                                                   {256, 4096, 2048}}) {
     SCOPED_TRACE(::testing::Message() << c.m << "x" << c.n << "x" << c.k);

@@ -18,6 +18,9 @@ namespace dsv4 {
 namespace {
 
 constexpr size_t kAlign = 256;
+// Measured on H200 (bench/gpu_kernels.cc): the GEMV kernel beats cuBLASLt for one row and
+// outputs up to ~2k wide (q_a 18 -> 11 us, kv 20 -> 11 us), loses beyond and for 8 rows.
+constexpr int64_t kSmallGemvMaxN = 2048;
 
 size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
@@ -222,6 +225,12 @@ absl::StatusOr<const void*> CudaBackend::MatrixOperand(const Tensor& x, const Te
 
 absl::Status CudaBackend::Linear(const Tensor& x, const Tensor& w, Tensor y) {
   RETURN_IF_ERROR(op_checks::Linear(x, w, y));
+  // Single-row products with narrow outputs: the GEMV kernel spreads them over many blocks
+  // (cuBLASLt picks few CTAs there); everything else stays with cuBLASLt.
+  if (x.dim(0) == 1 && w.dim(0) <= kSmallGemvMaxN && w.dim(1) % 8 == 0) {
+    return cuda::SmallGemv(x.ptr<float>(), x.dim(0), w.dim(1), w.data, w.dtype, w.dim(0),
+                           y.ptr<float>(), stream_.get());
+  }
   ASSIGN_OR_RETURN(const void* xin, MatrixOperand(x, w));
   cuda::GemmShape s;
   s.m = x.dim(0);
@@ -280,9 +289,16 @@ absl::Status CudaBackend::HcExpand(const Tensor& x, Tensor hs) {
 }
 
 absl::StatusOr<Tensor> CudaBackend::HcMix(const Tensor& hs, const Tensor& fn) {
-  // mix_raw [T, rows] = flatten(hs) [T, n*D] · fn [rows, n*D]ᵀ in fp32.
+  // mix [parts, T, rows] = flatten(hs) [T, n*D] · fn [rows, n*D]ᵀ in fp32: split-K for a few
+  // tokens (decode), a GEMM otherwise.
   const int64_t T = hs.dim(0), nd = hs.dim(1) * hs.dim(2), rows = fn.numel() / nd;
-  ASSIGN_OR_RETURN(Tensor mix, Scratch(DType::kF32, Shape{T, rows}));
+  const int64_t parts = cuda::HcMixParts(T, nd);
+  ASSIGN_OR_RETURN(Tensor mix, Scratch(DType::kF32, Shape{parts, T, rows}));
+  if (parts > 1) {
+    RETURN_IF_ERROR(cuda::HcMix(hs.ptr<float>(), T, nd, fn.ptr<float>(), rows, mix.ptr<float>(),
+                                stream_.get()));
+    return mix;
+  }
   cuda::GemmShape s;
   s.m = T;
   s.n = rows;
@@ -297,7 +313,7 @@ absl::Status CudaBackend::HcPre(const Tensor& hs, const Tensor& fn, const Tensor
                                 Tensor post, Tensor comb) {
   RETURN_IF_ERROR(op_checks::HcPre(hs, fn, base, scale, p, collapsed, post, comb));
   ASSIGN_OR_RETURN(Tensor mix, HcMix(hs, fn));
-  return cuda::HcPre(HcDimsOf(hs, p), hs.ptr<float>(), mix.ptr<float>(), F(base), F(scale),
+  return cuda::HcPre(HcDimsOf(hs, p), hs.ptr<float>(), mix.ptr<float>(), mix.dim(0), F(base), F(scale),
                      collapsed.ptr<float>(), post.ptr<float>(), comb.ptr<float>(), stream_.get());
 }
 
@@ -314,7 +330,7 @@ absl::Status CudaBackend::HcHead(const Tensor& hs, const Tensor& fn, const Tenso
                                  const Tensor& scale, const HcParams& p, Tensor y) {
   RETURN_IF_ERROR(op_checks::HcHead(hs, fn, base, scale, y));
   ASSIGN_OR_RETURN(Tensor mix, HcMix(hs, fn));
-  return cuda::HcHead(HcDimsOf(hs, p), hs.ptr<float>(), mix.ptr<float>(), F(base), F(scale),
+  return cuda::HcHead(HcDimsOf(hs, p), hs.ptr<float>(), mix.ptr<float>(), mix.dim(0), F(base), F(scale),
                       y.ptr<float>(), stream_.get());
 }
 
