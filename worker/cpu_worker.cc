@@ -43,6 +43,24 @@ SampledToken SampleToken(std::span<float> logits, const SamplingSpec& spec, int3
   return out;
 }
 
+absl::StatusOr<std::vector<SequenceStep>> ModelSteps(const StepPlan& plan) {
+  std::vector<SequenceStep> steps;
+  steps.reserve(plan.seqs.size());
+  for (const ScheduledSeq& s : plan.seqs) {
+    if (s.sample && s.sampling == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("request ", s.request_id, " has no sampling spec"));
+    }
+    SequenceStep step;
+    step.tokens = s.tokens;
+    step.start_pos = s.start_pos;
+    step.state_slot = s.state_slot;
+    step.block_table = s.block_table;
+    step.logits = s.sample ? SequenceStep::Logits::kLast : SequenceStep::Logits::kNone;
+    steps.push_back(step);
+  }
+  return steps;
+}
+
 CpuWorker::CpuWorker(std::unique_ptr<Dsv4Model> model, std::string device)
     : model_(std::move(model)), device_(std::move(device)) {}
 
@@ -62,20 +80,7 @@ absl::StatusOr<StepResult> CpuWorker::Execute(const StepPlan& plan) {
   StepResult result;
   result.step_id = plan.step_id;
   if (plan.seqs.empty()) return result;
-  std::vector<SequenceStep> steps;
-  steps.reserve(plan.seqs.size());
-  for (const ScheduledSeq& s : plan.seqs) {
-    if (s.sample && s.sampling == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("request ", s.request_id, " has no sampling spec"));
-    }
-    SequenceStep step;
-    step.tokens = s.tokens;
-    step.start_pos = s.start_pos;
-    step.state_slot = s.state_slot;
-    step.block_table = s.block_table;
-    step.logits = s.sample ? SequenceStep::Logits::kLast : SequenceStep::Logits::kNone;
-    steps.push_back(step);
-  }
+  ASSIGN_OR_RETURN(std::vector<SequenceStep> steps, ModelSteps(plan));
   StepOptions options;
   options.force_indexer_scoring = plan.force_indexer_scoring;
   StepLogits logits;

@@ -4,8 +4,11 @@
 
 #include <string>
 
+#include <vector>
+
 #include "absl/status/statusor.h"
 #include "common/step_plan.h"
+#include "worker/model/dsv4_model.h"
 
 namespace dsv4 {
 
@@ -25,5 +28,9 @@ class Worker {
   // unspecified state: the coordinator fails those requests.
   virtual absl::StatusOr<StepResult> Execute(const StepPlan& plan) = 0;
 };
+
+// The model steps of a plan (views into it): a sampled sequence returns its last logits. A
+// sampled entry without a sampling spec is InvalidArgument.
+absl::StatusOr<std::vector<SequenceStep>> ModelSteps(const StepPlan& plan);
 
 }  // namespace dsv4

@@ -9,18 +9,13 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/attention_ref.h"
 #include "kernels/ragged_batch.h"
 
 namespace dsv4::cuda {
 
-struct AttentionDims {
-  int64_t heads = 0;
-  int64_t dim = 0;      // multiple of 64, <= 1024
-  int64_t window = 0;
-  int64_t ratio = 0;
-  int64_t topk = 0;
-  bool dense_compressed = false;
-  float scale = 1;
+// The CPU reference's shape (kernels/attention_ref.h) plus the split-KV bound.
+struct AttentionDims : ::dsv4::AttentionShape {
   int64_t max_keys = 0;  // bound on any token's keys (window + compressed): sizes the split-KV
 };
 

@@ -7,17 +7,13 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/compressor_ref.h"
 #include "kernels/ragged_batch.h"
 
 namespace dsv4::cuda {
 
-struct CompressorDims {
-  int64_t ratio = 0;    // m
-  int64_t overlap = 1;  // c
-  int64_t dim = 0;      // d
-  int64_t rope_dims = 0;
-  float norm_eps = 1e-6f;
-};
+// The CPU reference's shape struct (kernels/compressor_ref.h): one definition for both.
+using CompressorDims = ::dsv4::CompressorShape;
 
 // a, z [T, c*d]; bias [m, c*d]; norm_w [d]; inv_freq [rd/2]; state [slots, state floats];
 // entries [blocks, block_size/m, d]. `b` holds device pointers.

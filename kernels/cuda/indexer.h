@@ -8,18 +8,13 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/indexer_ref.h"
 #include "kernels/ragged_batch.h"
 
 namespace dsv4::cuda {
 
-struct IndexerDims {
-  int64_t heads = 0;   // nI
-  int64_t dim = 0;     // dI
-  int64_t ratio = 4;
-  int64_t topk = 0;
-  float weight_scale = 1;
-  float score_scale = 1;
-};
+// The CPU reference's shape struct (kernels/indexer_ref.h): one definition for both.
+using IndexerDims = ::dsv4::IndexerShape;
 
 // Fills out[t] with the first min(V_t, topk) entries (the short-context shortcut, valid only when
 // every token's visible count V_t <= topk). Launched alone when the host knows that.

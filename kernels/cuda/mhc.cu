@@ -20,6 +20,16 @@ __device__ float InvRms(const float* f, int64_t nd, float eps, double* dscratch)
   return 1.0f / sqrtf(static_cast<float>(s / static_cast<double>(nd)) + eps);
 }
 
+// out[i] = Σ_j pre[j] · f[j, i]: the streams of one token collapsed with its gates.
+__device__ __forceinline__ void Collapse(const float* pre, const float* f, int n, int64_t dim,
+                                         float* out) {
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    float acc = 0;
+    for (int j = 0; j < n; ++j) acc += pre[j] * f[j * dim + i];
+    out[i] = acc;
+  }
+}
+
 // Split-K partial mixes for few tokens: warp (r, c) dots fn row r with every token over K chunk c;
 // parts [chunks, T, rows], summed in chunk order by the consumer (deterministic).
 constexpr int kMixChunk = 512;
@@ -124,11 +134,7 @@ __global__ void HcPreKernel(HcDims d, const float* hs, const float* mix_parts, i
     for (int i = 0; i < n * n; ++i) comb[t * n * n + i] = c[i];
   }
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < d.dim; i += blockDim.x) {
-    float acc = 0;
-    for (int j = 0; j < n; ++j) acc += pre[j] * f[j * d.dim + i];
-    collapsed[t * d.dim + i] = acc;
-  }
+  Collapse(pre, f, n, d.dim, collapsed + t * d.dim);
 }
 
 __global__ void HcPostKernel(HcDims d, const float* hs, const float* f, const float* post,
@@ -160,11 +166,7 @@ __global__ void HcHeadKernel(HcDims d, const float* hs, const float* mix_parts, 
     pre[threadIdx.x] = Sigmoid(mix * scale[0] + base[threadIdx.x]) + d.hc_eps;
   }
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < d.dim; i += blockDim.x) {
-    float acc = 0;
-    for (int j = 0; j < n; ++j) acc += pre[j] * f[j * d.dim + i];
-    y[t * d.dim + i] = acc;
-  }
+  Collapse(pre, f, n, d.dim, y + t * d.dim);
 }
 
 }  // namespace

@@ -6,17 +6,12 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/mhc_ref.h"
 
 namespace dsv4::cuda {
 
-struct HcDims {
-  int64_t tokens = 0;
-  int64_t n = 4;
-  int64_t dim = 0;
-  int64_t sinkhorn_iters = 20;
-  float hc_eps = 1e-6f;
-  float norm_eps = 1e-6f;
-};
+// The CPU reference's shape struct (kernels/mhc_ref.h): one definition for both.
+using HcDims = ::dsv4::HcShape;
 
 // The mixing projections come first, un-normalised: mix = flatten(hs) · fnᵀ ([T, (2+n)n] for
 // HcPre, [T, n] for HcHead) as `parts` partial sums [parts, T, rows]. Few tokens: HcMix (split-K,

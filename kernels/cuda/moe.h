@@ -8,17 +8,14 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/moe_ref.h"
 #include "common/dtype.h"
 #include "kernels/ragged_batch.h"
 
 namespace dsv4::cuda {
 
-struct RouterDims {
-  int64_t tokens = 0;
-  int64_t experts = 0;  // <= 1024
-  int64_t top_k = 0;    // <= 16
-  float routed_scale = 1;
-};
+// The CPU reference's shape struct (kernels/moe_ref.h): one definition for both.
+using RouterDims = ::dsv4::RouterShape;
 
 // logits [T, E] -> idx [T, K], weights [T, K]. tid2eid [V, K] (hash) or bias [E] (score) may be
 // null; token ids from `token_ids`.
@@ -30,14 +27,8 @@ absl::Status Route(const RouterDims& d, const float* logits, const float* bias,
 absl::Status SwiGlu(const float* gate_up, int64_t rows, int64_t inter, float limit, float* h,
                     cudaStream_t stream);
 
-struct ExpertsDims {
-  int64_t tokens = 0;
-  int64_t dim = 0;      // D
-  int64_t inter = 0;    // I
-  int64_t experts = 0;  // E
-  int64_t top_k = 0;    // K
-  float swiglu_limit = 10;
-};
+// The CPU reference's shape struct (kernels/moe_ref.h): one definition for both.
+using ExpertsDims = ::dsv4::ExpertsShape;
 
 // y[M, N] = x[M, K] · w[N, K]ᵀ for M <= kSmallGemvMaxRows (decode projections): the expert GEMV
 // kernel on one weight, many blocks for narrow N, weights streamed once. bf16 weights see x

@@ -249,24 +249,11 @@ absl::Status CpuBackend::HcExpand(const Tensor& x, Tensor hs) {
   return absl::OkStatus();
 }
 
-namespace {
-HcShape MakeHcShape(const Tensor& hs, const HcParams& p) {
-  HcShape s;
-  s.tokens = hs.dim(0);
-  s.n = hs.dim(1);
-  s.dim = hs.dim(2);
-  s.sinkhorn_iters = p.sinkhorn_iters;
-  s.hc_eps = p.hc_eps;
-  s.norm_eps = p.norm_eps;
-  return s;
-}
-}  // namespace
-
 absl::Status CpuBackend::HcPre(const Tensor& hs, const Tensor& fn, const Tensor& base,
                                const Tensor& scale, const HcParams& p, Tensor collapsed,
                                Tensor post, Tensor comb) {
   RETURN_IF_ERROR(op_checks::HcPre(hs, fn, base, scale, p, collapsed, post, comb));
-  HcPreRef(MakeHcShape(hs, p), hs.ptr<float>(), fn.ptr<float>(), base.ptr<float>(),
+  HcPreRef(op_checks::HcShapeOf(hs, p), hs.ptr<float>(), fn.ptr<float>(), base.ptr<float>(),
            scale.ptr<float>(), collapsed.ptr<float>(), post.ptr<float>(), comb.ptr<float>());
   return absl::OkStatus();
 }
@@ -276,7 +263,7 @@ absl::Status CpuBackend::HcPost(const Tensor& hs, const Tensor& f, const Tensor&
   RETURN_IF_ERROR(op_checks::HcPost(hs, f, post, comb, out));
   HcParams p;
   p.hc_mult = hs.dim(1);
-  HcPostRef(MakeHcShape(hs, p), hs.ptr<float>(), f.ptr<float>(), post.ptr<float>(),
+  HcPostRef(op_checks::HcShapeOf(hs, p), hs.ptr<float>(), f.ptr<float>(), post.ptr<float>(),
             comb.ptr<float>(), out.ptr<float>());
   return absl::OkStatus();
 }
@@ -284,7 +271,7 @@ absl::Status CpuBackend::HcPost(const Tensor& hs, const Tensor& f, const Tensor&
 absl::Status CpuBackend::HcHead(const Tensor& hs, const Tensor& fn, const Tensor& base,
                                 const Tensor& scale, const HcParams& p, Tensor y) {
   RETURN_IF_ERROR(op_checks::HcHead(hs, fn, base, scale, y));
-  HcHeadRef(MakeHcShape(hs, p), hs.ptr<float>(), fn.ptr<float>(), base.ptr<float>(),
+  HcHeadRef(op_checks::HcShapeOf(hs, p), hs.ptr<float>(), fn.ptr<float>(), base.ptr<float>(),
             scale.ptr<float>(), y.ptr<float>());
   return absl::OkStatus();
 }
@@ -297,7 +284,6 @@ absl::Status CpuBackend::Compress(const CompressParams& p, const Tensor& a, cons
   s.dim = p.dim;
   s.rope_dims = p.rope.rope_dims;
   s.norm_eps = p.norm_eps;
-  const int64_t cd = p.overlap * p.dim;
   RETURN_IF_ERROR(op_checks::Compress(p, a, z, state, entries, view_.num_tokens, view_.block_size));
   CompressRef(s, view_, a.ptr<float>(), z.ptr<float>(), p.position_bias.ptr<float>(),
               p.norm_weight.ptr<float>(), p.rope.inv_freq.ptr<float>(), state.ptr<float>(),

@@ -27,17 +27,6 @@ size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 const float* F(const Tensor& t) { return t.empty() ? nullptr : t.ptr<float>(); }
 const int32_t* I(const Tensor& t) { return t.empty() ? nullptr : t.ptr<int32_t>(); }
 
-cuda::HcDims HcDimsOf(const Tensor& hs, const HcParams& p) {
-  cuda::HcDims d;
-  d.tokens = hs.dim(0);
-  d.n = hs.dim(1);
-  d.dim = hs.dim(2);
-  d.sinkhorn_iters = p.sinkhorn_iters;
-  d.hc_eps = p.hc_eps;
-  d.norm_eps = p.norm_eps;
-  return d;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
@@ -313,7 +302,7 @@ absl::Status CudaBackend::HcPre(const Tensor& hs, const Tensor& fn, const Tensor
                                 Tensor post, Tensor comb) {
   RETURN_IF_ERROR(op_checks::HcPre(hs, fn, base, scale, p, collapsed, post, comb));
   ASSIGN_OR_RETURN(Tensor mix, HcMix(hs, fn));
-  return cuda::HcPre(HcDimsOf(hs, p), hs.ptr<float>(), mix.ptr<float>(), mix.dim(0), F(base), F(scale),
+  return cuda::HcPre(op_checks::HcShapeOf(hs, p), hs.ptr<float>(), mix.ptr<float>(), mix.dim(0), F(base), F(scale),
                      collapsed.ptr<float>(), post.ptr<float>(), comb.ptr<float>(), stream_.get());
 }
 
@@ -322,7 +311,7 @@ absl::Status CudaBackend::HcPost(const Tensor& hs, const Tensor& f, const Tensor
   RETURN_IF_ERROR(op_checks::HcPost(hs, f, post, comb, out));
   HcParams p;
   p.hc_mult = hs.dim(1);
-  return cuda::HcPost(HcDimsOf(hs, p), hs.ptr<float>(), f.ptr<float>(), post.ptr<float>(),
+  return cuda::HcPost(op_checks::HcShapeOf(hs, p), hs.ptr<float>(), f.ptr<float>(), post.ptr<float>(),
                       comb.ptr<float>(), out.ptr<float>(), stream_.get());
 }
 
@@ -330,7 +319,7 @@ absl::Status CudaBackend::HcHead(const Tensor& hs, const Tensor& fn, const Tenso
                                  const Tensor& scale, const HcParams& p, Tensor y) {
   RETURN_IF_ERROR(op_checks::HcHead(hs, fn, base, scale, y));
   ASSIGN_OR_RETURN(Tensor mix, HcMix(hs, fn));
-  return cuda::HcHead(HcDimsOf(hs, p), hs.ptr<float>(), mix.ptr<float>(), mix.dim(0), F(base), F(scale),
+  return cuda::HcHead(op_checks::HcShapeOf(hs, p), hs.ptr<float>(), mix.ptr<float>(), mix.dim(0), F(base), F(scale),
                       y.ptr<float>(), stream_.get());
 }
 

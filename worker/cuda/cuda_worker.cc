@@ -68,21 +68,10 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
   StepResult result;
   result.step_id = plan.step_id;
   if (plan.seqs.empty()) return result;
-  std::vector<SequenceStep> steps;
-  steps.reserve(plan.seqs.size());
+  ASSIGN_OR_RETURN(std::vector<SequenceStep> steps, ModelSteps(plan));
   int64_t rows = 0, masked = 0, counted_tokens = 0, resets = 0;
   bool penalties = false;
   for (const ScheduledSeq& s : plan.seqs) {
-    if (s.sample && s.sampling == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("request ", s.request_id, " has no sampling spec"));
-    }
-    SequenceStep step;
-    step.tokens = s.tokens;
-    step.start_pos = s.start_pos;
-    step.state_slot = s.state_slot;
-    step.block_table = s.block_table;
-    step.logits = s.sample ? SequenceStep::Logits::kLast : SequenceStep::Logits::kNone;
-    steps.push_back(step);
     if (s.sampling != nullptr && UsesPenalties(*s.sampling)) {
       penalties = true;
       counted_tokens += static_cast<int64_t>(s.tokens.size());

@@ -75,6 +75,17 @@ absl::Status HcExpand(const Tensor& x, const Tensor& hs) {
                "HcExpand");
 }
 
+HcShape HcShapeOf(const Tensor& hs, const HcParams& p) {
+  HcShape s;
+  s.tokens = hs.dim(0);
+  s.n = hs.dim(1);
+  s.dim = hs.dim(2);
+  s.sinkhorn_iters = p.sinkhorn_iters;
+  s.hc_eps = p.hc_eps;
+  s.norm_eps = p.norm_eps;
+  return s;
+}
+
 absl::Status HcPre(const Tensor& hs, const Tensor& fn, const Tensor& base, const Tensor& scale,
                    const HcParams& p, const Tensor& collapsed, const Tensor& post,
                    const Tensor& comb) {

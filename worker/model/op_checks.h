@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/mhc_ref.h"
 #include "worker/model/backend.h"
 
 namespace dsv4::op_checks {
@@ -18,6 +19,8 @@ absl::Status Rope(const Tensor& x, const RopeParams& p, int64_t tokens);
 absl::Status Add(const Tensor& a, const Tensor& b, const Tensor& out);
 absl::Status GatherLogitRows(const Tensor& x, const Tensor& out, int64_t rows);
 absl::Status HcExpand(const Tensor& x, const Tensor& hs);
+// The mHC kernels' shape for streams hs [T, n, D].
+HcShape HcShapeOf(const Tensor& hs, const HcParams& p);
 absl::Status HcPre(const Tensor& hs, const Tensor& fn, const Tensor& base, const Tensor& scale,
                    const HcParams& p, const Tensor& collapsed, const Tensor& post,
                    const Tensor& comb);
