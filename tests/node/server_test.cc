@@ -523,17 +523,21 @@ TEST(ServerLifecycle, QueueFullAndDrain) {
   NodeOptions o = TestOptions();
   o.max_num_seqs = 1;
   o.max_waiting = 2;
+  o.max_model_len = 4096;
   auto node = ServingNode::Start(o);
   ASSERT_TRUE(node.ok()) << node.status();
   const int port = (*node)->grpc_port();
-  // One running + two waiting fill the node; the next call is refused.
-  // Long enough that the first is still running when the third arrives, even on a GPU.
-  GenerateRequest slow = Ids({5, 6, 7}, 1000);
+  // One running + two waiting fill the node; the next call is refused. The running one is long
+  // (seconds, even on a GPU) so that the other two are queued behind it however slow the machine
+  // is; they are short so that the drain below stays quick.
+  GenerateRequest slow = Ids({5, 6, 7}, 4000);
   slow.set_ignore_eos(true);
+  GenerateRequest queued = Ids({5, 6, 7}, 50);
+  queued.set_ignore_eos(true);
   std::vector<std::thread> calls;
   std::vector<CallResult> results(3);
   for (int i = 0; i < 3; ++i) {
-    calls.emplace_back([&, i] { results[i] = Client(port).Generate(slow); });
+    calls.emplace_back([&, i] { results[i] = Client(port).Generate(i == 0 ? slow : queued, 300); });
     ASSERT_TRUE(WaitFor([&] { return (*node)->engine().stats().in_flight >= i + 1; }))
         << "request " << i << " never became in flight";
   }
