@@ -311,18 +311,7 @@ TEST(CudaOps, CompressorsOverPrefillDecodeAndMixedSteps) {
 std::vector<float> HostScores(const IndexerShape& s, const StepMeta& m, int32_t t,
                               const std::vector<float>& q, const std::vector<float>& w,
                               const std::vector<float>& keys) {
-  RaggedBatchView b;
-  b.num_tokens = m.num_tokens;
-  b.num_seqs = m.num_seqs;
-  b.token_ids = m.token_ids.data();
-  b.positions = m.positions.data();
-  b.token_seq = m.token_seq.data();
-  b.seq_begin = m.seq_begin.data();
-  b.seq_start_pos = m.seq_start_pos.data();
-  b.state_slot = m.state_slot.data();
-  b.block_table = m.block_table.data();
-  b.block_stride = m.block_stride;
-  b.block_size = m.block_size;
+  const RaggedBatchView b = HostView(m);
   const int64_t visible = (m.positions[t] + 1) / s.ratio;
   std::vector<float> scores(static_cast<size_t>(visible));
   IndexerScoresRef(s, b, t, q.data(), w.data(), keys.data(), scores.data());
@@ -383,7 +372,9 @@ TEST(CudaOps, IndexerTopKUpTo256kCandidates) {
       const int32_t* g = got.data() + t * c.topk;
       // Ascending and -1 padded, like the reference.
       for (int64_t k = 1; k < c.topk; ++k) {
-        if (g[k] >= 0) ASSERT_GT(g[k], g[k - 1]) << "token " << t;
+        if (g[k] >= 0) {
+          ASSERT_GT(g[k], g[k - 1]) << "token " << t;
+        }
       }
       if (std::equal(r, r + c.topk, g)) continue;
       // Different sets are allowed only where scores tie within rounding at the boundary.

@@ -5,35 +5,11 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/testing/one_sequence.h"
 
 namespace dsv4 {
 namespace {
 
-// One sequence (slot 0), tokens at positions [start, start + n).
-struct Seq {
-  std::vector<int32_t> positions, token_seq, seq_begin, start, slot, table;
-  RaggedBatchView view;
-  Seq(int32_t start_pos, int32_t n, int32_t blocks = 1, int32_t block_size = 8) {
-    for (int32_t i = 0; i < n; ++i) {
-      positions.push_back(start_pos + i);
-      token_seq.push_back(0);
-    }
-    seq_begin = {0, n};
-    start = {start_pos};
-    slot = {0};
-    for (int32_t b = 0; b < blocks; ++b) table.push_back(b);
-    view.num_tokens = n;
-    view.num_seqs = 1;
-    view.positions = positions.data();
-    view.token_seq = token_seq.data();
-    view.seq_begin = seq_begin.data();
-    view.seq_start_pos = start.data();
-    view.state_slot = slot.data();
-    view.block_table = table.data();
-    view.block_stride = blocks;
-    view.block_size = block_size;
-  }
-};
 
 TEST(AttentionRef, SingleKeyWithSink) {
   AttentionShape s;
@@ -41,7 +17,7 @@ TEST(AttentionRef, SingleKeyWithSink) {
   s.dim = 2;
   s.window = 4;
   s.scale = 0.5f;
-  Seq seq(0, 1);
+  testing::OneSequence seq(0, 1);
   const std::vector<float> q = {1, 2}, kv = {3, 1}, sinks = {0.7f};
   std::vector<float> ring(4 * 2, 0.0f), out(2);
   AttentionRef(s, seq.view, q.data(), kv.data(), ring.data(), nullptr, nullptr, sinks.data(),
@@ -67,13 +43,13 @@ TEST(AttentionRef, RingAndStepKeysAreTheSameWindow) {
   for (auto& x : kv) x = u(rng);
   std::vector<float> ring(4 * 3, 0.0f);
   std::vector<float> one_shot(8 * 2 * 3);
-  Seq all(0, 8);
+  testing::OneSequence all(0, 8);
   AttentionRef(s, all.view, q.data(), kv.data(), ring.data(), nullptr, nullptr, sinks.data(),
                one_shot.data());
-  Seq first(0, 5);
+  testing::OneSequence first(0, 5);
   RingWriteRef(3, 4, first.view, kv.data(), ring.data());
   // Corrupt nothing the window may read: positions 1..4 are in ring slots 1..4 mod 4.
-  Seq rest(5, 3);
+  testing::OneSequence rest(5, 3);
   std::vector<float> split(3 * 2 * 3);
   AttentionRef(s, rest.view, q.data() + 5 * 6, kv.data() + 5 * 3, ring.data(), nullptr, nullptr,
                sinks.data(), split.data());
@@ -86,7 +62,7 @@ TEST(AttentionRef, KeysOutsideTheWindowAreIgnored) {
   s.dim = 1;
   s.window = 2;
   s.scale = 1;
-  Seq seq(0, 3);
+  testing::OneSequence seq(0, 3);
   std::vector<float> q = {1, 1, 1}, kv = {1000, 1, 2}, sinks = {-100};
   std::vector<float> ring(2, 0.0f), out(3);
   AttentionRef(s, seq.view, q.data(), kv.data(), ring.data(), nullptr, nullptr, sinks.data(),
@@ -103,7 +79,7 @@ TEST(AttentionRef, CompressedEntriesDenseAndSelected) {
   s.window = 1;  // only the token itself from the raw window
   s.scale = 1;
   s.ratio = 2;
-  Seq seq(5, 1, /*blocks=*/1, /*block_size=*/8);  // position 5: entries 0..2 visible
+  testing::OneSequence seq(5, 1, /*block_size=*/8, /*blocks=*/1);  // position 5: entries 0..2 visible
   const std::vector<float> q = {1}, kv = {0}, sinks = {-100};
   const std::vector<float> entries = {1, 2, 3, 50};  // entry 3 is in the future
   std::vector<float> ring(1, 0.0f), out(1);

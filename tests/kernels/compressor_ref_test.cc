@@ -6,37 +6,13 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/testing/one_sequence.h"
 #include "kernels/rms_norm_ref.h"
 #include "kernels/rope_ref.h"
 
 namespace dsv4 {
 namespace {
 
-// One sequence in slot 0 whose block table maps block b -> b.
-struct OneSeq {
-  std::vector<int32_t> positions, token_seq, seq_begin, start, slot, table;
-  RaggedBatchView view;
-  OneSeq(int32_t start_pos, int32_t n, int32_t block_size, int32_t blocks) {
-    for (int32_t i = 0; i < n; ++i) {
-      positions.push_back(start_pos + i);
-      token_seq.push_back(0);
-    }
-    seq_begin = {0, n};
-    start = {start_pos};
-    slot = {0};
-    for (int32_t b = 0; b < blocks; ++b) table.push_back(b);
-    view.num_tokens = n;
-    view.num_seqs = 1;
-    view.positions = positions.data();
-    view.token_seq = token_seq.data();
-    view.seq_begin = seq_begin.data();
-    view.seq_start_pos = start.data();
-    view.state_slot = slot.data();
-    view.block_table = table.data();
-    view.block_stride = blocks;
-    view.block_size = block_size;
-  }
-};
 
 // Direct formula of dsv4-model.md §7 for entry w from the full projection history.
 std::vector<float> ExpectedEntry(const CompressorShape& s, const std::vector<float>& a,
@@ -93,7 +69,7 @@ TEST_P(CompressorRef, MatchesTheFormulaWhateverTheChunking) {
     std::vector<float> entries(blocks * per_block * s.dim, std::nanf(""));
     int32_t pos = 0;
     for (int n : chunks) {
-      OneSeq seq(pos, n, block_size, blocks);
+      testing::OneSequence seq(pos, n, block_size, blocks);
       CompressRef(s, seq.view, a.data() + pos * cd, z.data() + pos * cd, bias.data(),
                   norm_w.data(), inv.data(), state.data(), entries.data());
       pos += n;

@@ -144,19 +144,7 @@ absl::Status CpuBackend::BeginStep(const StepMeta& meta) {
   scratch_block_ = 0;
   scratch_offset_ = 0;
   meta_ = &meta;
-  view_ = RaggedBatchView{};
-  view_.num_tokens = meta.num_tokens;
-  view_.num_seqs = meta.num_seqs;
-  view_.token_ids = meta.token_ids.data();
-  view_.positions = meta.positions.data();
-  view_.token_seq = meta.token_seq.data();
-  view_.seq_begin = meta.seq_begin.data();
-  view_.seq_start_pos = meta.seq_start_pos.data();
-  view_.state_slot = meta.state_slot.data();
-  view_.block_table = meta.block_table.data();
-  view_.block_stride = meta.block_stride;
-  view_.block_size = meta.block_size;
-  view_.force_indexer_scoring = meta.force_indexer_scoring;
+  view_ = HostView(meta);
   return absl::OkStatus();
 }
 

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/ragged_batch.h"
 #include "worker/model/tensor.h"
 
 namespace dsv4 {
@@ -43,6 +44,24 @@ struct StepMeta {
   // shortcut is off). Captured GPU graphs must run with this set.
   bool force_indexer_scoring = false;
 };
+
+// The step's metadata as a view over the host arrays of `meta` (valid while `meta` lives).
+inline RaggedBatchView HostView(const StepMeta& meta) {
+  RaggedBatchView v;
+  v.num_tokens = meta.num_tokens;
+  v.num_seqs = meta.num_seqs;
+  v.token_ids = meta.token_ids.data();
+  v.positions = meta.positions.data();
+  v.token_seq = meta.token_seq.data();
+  v.seq_begin = meta.seq_begin.data();
+  v.seq_start_pos = meta.seq_start_pos.data();
+  v.state_slot = meta.state_slot.data();
+  v.block_table = meta.block_table.data();
+  v.block_stride = meta.block_stride;
+  v.block_size = meta.block_size;
+  v.force_indexer_scoring = meta.force_indexer_scoring;
+  return v;
+}
 
 struct RmsNormParams {
   float eps = 1e-6f;
