@@ -48,8 +48,10 @@ struct StepPlan {
   uint64_t step_id = 0;
   std::vector<ScheduledSeq> seqs;
   std::vector<uint64_t> released;  // requests whose worker-side state can be dropped
+  // Chosen by the coordinator (node/scheduler/graph_policy.h): FULL for uniform decode batches,
+  // PIECEWISE for mixed and prefill batches, both padded to a capture size; padded rows are inert.
   GraphMode graph_mode = GraphMode::kEager;
-  int32_t padded_tokens = 0;       // graph capture size (0 = unpadded)
+  int32_t padded_tokens = 0;       // graph capture size >= num_tokens() (0 = unpadded, eager)
   bool force_indexer_scoring = false;
 
   int64_t num_tokens() const {
@@ -66,10 +68,22 @@ struct SampledToken {
   std::vector<std::pair<int32_t, float>> top;     // top-n (token, logprob), most likely first
 };
 
+// How the worker actually ran a step (it may fall back to eager when it cannot run the planned
+// graph: a capture failed, the kill switch is on, or the batch does not fit the graph's buffers).
+struct GraphRun {
+  GraphMode mode = GraphMode::kEager;  // what ran
+  bool fallback = false;               // a graph was planned but the step ran eagerly
+  int32_t captures = 0;                // graphs (or piecewise segment sets) captured in this step
+  double capture_seconds = 0;          // time spent capturing them
+  int32_t capture_failures = 0;
+  int32_t replays = 0;                 // graph launches (1 for FULL, the segment count for PIECEWISE)
+};
+
 struct StepResult {
   uint64_t step_id = 0;
   std::vector<SampledToken> sampled;  // one per ScheduledSeq with sample = true, in plan order
   double execute_seconds = 0;
+  GraphRun graph;
 };
 
 }  // namespace dsv4

@@ -204,6 +204,9 @@ bool Engine::RunStep() {
   std::vector<uint64_t> preempted;
   StepPlan plan = scheduler_.Schedule(&preempted);
   plan.force_indexer_scoring = config_.force_indexer_scoring;
+  const GraphChoice graph = ChooseGraph(plan, config_.graphs, worker_info_.cuda_graphs);
+  plan.graph_mode = graph.mode;
+  plan.padded_tokens = graph.padded_tokens;
   preemptions_ += preempted.size();
   if (metrics_ && !preempted.empty()) metrics_->preemptions->Increment(static_cast<double>(preempted.size()));
   if (plan.seqs.empty() && plan.released.empty()) return false;
@@ -228,7 +231,15 @@ bool Engine::RunStep() {
     FailAll(ids, result.status());
     return true;
   }
-  if (metrics_) metrics_->worker_up->Set(1);
+  if (result->graph.capture_failures > 0) {
+    LogError("graph_capture_failed", {{"step", static_cast<int64_t>(plan.step_id)},
+                                      {"mode", std::string(GraphModeName(plan.graph_mode))},
+                                      {"padded_tokens", static_cast<int64_t>(plan.padded_tokens)}});
+  }
+  if (metrics_) {
+    metrics_->worker_up->Set(1);
+    RecordGraphRun(graph, result->graph);
+  }
   scheduler_.Commit(plan);
   const auto now = Clock::now();
   for (const SampledToken& t : result->sampled) {
@@ -274,10 +285,30 @@ bool Engine::RunStep() {
     }
   }
   if (metrics_) {
-    metrics_->StepDuration(GraphModeName(plan.graph_mode)).Observe(Seconds(Clock::now() - t0));
+    // Labelled by what ran: a planned graph the worker could not run counts as eager.
+    metrics_->StepDuration(GraphModeName(result->graph.mode))
+        .Observe(Seconds(Clock::now() - t0));
     metrics_->step_batch_tokens->Observe(static_cast<double>(plan.num_tokens()));
   }
   return true;
+}
+
+void Engine::RecordGraphRun(const GraphChoice& planned, const GraphRun& ran) {
+  if (ran.replays > 0) {
+    if (ran.mode == GraphMode::kFull) metrics_->graph_replays_full->Increment(ran.replays);
+    if (ran.mode == GraphMode::kPiecewise) {
+      metrics_->graph_replays_piecewise->Increment(ran.replays);
+    }
+  }
+  // Once per step: the coordinator found no capture size for it, or the worker could not run the
+  // graph it was given.
+  if (planned.fallback || ran.fallback) metrics_->graph_eager_fallbacks->Increment();
+  if (ran.capture_failures > 0) metrics_->graph_capture_failures->Increment(ran.capture_failures);
+  // The worker reports a step's total capture time; each capture is observed at the step's mean.
+  if (ran.captures > 0) {
+    const double each = ran.capture_seconds / ran.captures;
+    for (int32_t i = 0; i < ran.captures; ++i) metrics_->graph_capture_seconds->Observe(each);
+  }
 }
 
 void Engine::Finish(Live* r, FinishReason reason, const StopInfo& stop, const std::string& message,

@@ -24,6 +24,7 @@
 #include "node/metrics.h"
 #include "node/output_processor.h"
 #include "node/request_validation.h"
+#include "node/scheduler/graph_policy.h"
 #include "node/scheduler/scheduler.h"
 #include "node/tokenizer/tokenizer.h"
 #include "worker/worker.h"
@@ -41,6 +42,8 @@ struct EngineConfig {
   SchedulerConfig scheduler;
   int32_t max_waiting = 256;           // queued (not yet running) requests; more = RESOURCE_EXHAUSTED
   bool force_indexer_scoring = false;  // passed to every step
+  // CUDA graphs: each step's mode and padding (graph_policy.h), only when the worker runs graphs.
+  GraphConfig graphs;
 };
 
 struct EngineStats {
@@ -107,6 +110,8 @@ class Engine {
   void Admit(Pending p);
   // Returns false when nothing could be scheduled.
   bool RunStep();
+  // Graph metrics of one executed step: `planned` by ChooseGraph, `ran` as the worker reports it.
+  void RecordGraphRun(const GraphChoice& planned, const GraphRun& ran);
   // Emits the final event and drops the request everywhere.
   void Finish(Live* r, FinishReason reason, const StopInfo& stop, const std::string& message,
               std::string tail_text, std::string discarded, Phase tail_channel);

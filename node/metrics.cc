@@ -96,12 +96,15 @@ NodeMetrics::NodeMetrics(std::shared_ptr<prometheus::Registry> registry)
   graph_replays_full = &replays.Add({{"mode", "full"}});
   graph_replays_piecewise = &replays.Add({{"mode", "piecewise"}});
   graph_eager_fallbacks = counter("dsv4_cudagraph_eager_fallbacks_total",
-                                  "Steps that ran eagerly although a graph mode was configured "
-                                  "(no graph for the batch shape, or the kill switch)");
+                                  "Steps that ran eagerly although graphs are on for them: no "
+                                  "capture size fits the batch, or the worker could not run the "
+                                  "planned graph (failed capture, worker kill switch)");
   graph_capture_failures = counter("dsv4_cudagraph_capture_failures_total",
                                    "CUDA graph captures that failed");
   graph_capture_seconds = histogram("dsv4_cudagraph_capture_seconds",
-                                    "Time to capture one CUDA graph",
+                                    "Time to capture one CUDA graph (a FULL graph or one "
+                                    "piecewise segment set; a step's mean when it captures "
+                                    "several)",
                                     {0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60});
   rejected_family_ = &BuildCounter()
                           .Name("dsv4_requests_rejected_total")
@@ -110,7 +113,8 @@ NodeMetrics::NodeMetrics(std::shared_ptr<prometheus::Registry> registry)
   for (const char* r : {"invalid_argument", "queue_full", "draining", "not_ready"}) Rejected(r);
   step_family_ = &BuildHistogram()
                       .Name("dsv4_step_duration_seconds")
-                      .Help("Duration of one engine step (schedule, execute, outputs) by graph mode")
+                      .Help("Duration of one engine step (schedule, execute, outputs) by the graph "
+                            "mode that ran")
                       .Register(reg);
   const Histogram::BucketBoundaries step_buckets = {0.0005, 0.001, 0.002, 0.005, 0.01, 0.02,
                                                     0.05,   0.1,   0.2,   0.5,   1.0,  2.0, 5.0};

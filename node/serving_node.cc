@@ -27,6 +27,10 @@ class PromiseSink final : public RequestSink {
 
 absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
+  // Flags first: a typo must fail before minutes of model loading.
+  ASSIGN_OR_RETURN(GraphConfig graphs,
+                   GraphConfigFromFlags(o.cudagraph_mode, o.cudagraph_capture_sizes,
+                                        o.enforce_eager, o.max_batched_tokens));
   std::unique_ptr<ServingNode> n(new ServingNode());
   n->registry_ = std::make_shared<prometheus::Registry>();
   n->metrics_ = std::make_unique<NodeMetrics>(n->registry_);
@@ -105,6 +109,12 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
   ec.scheduler.max_prefill_chunk = o.max_prefill_chunk;
   ec.max_waiting = o.max_waiting;
   ec.force_indexer_scoring = o.force_indexer_scoring;
+  ec.graphs = graphs;
+  // worker_graphs=false (the CPU worker) means every step runs eagerly whatever the mode says.
+  LogInfo("cuda_graphs", {{"mode", CudaGraphModeName(graphs.mode)},
+                          {"enforce_eager", o.enforce_eager},
+                          {"worker_graphs", winfo.cuda_graphs},
+                          {"capture_sizes", CaptureSizesString(graphs.capture_sizes)}});
   n->engine_ = std::make_unique<Engine>(ec, std::move(worker),
                                         n->tokenizer_.get(), n->metrics_.get());
   n->engine_->Start();

@@ -34,6 +34,12 @@ struct NodeOptions {
   int32_t default_max_tokens = 1024;
   int threads = 0;                  // BLAS threads
   bool force_indexer_scoring = false;
+  // CUDA graphs (GPU worker only; the CPU worker runs every step eagerly). Mode:
+  // none|piecewise|full|full_decode_only|full_and_piecewise. Sizes: "1,2,4,8"; "" = the defaults
+  // (1,2,4,8,16,...,512) capped at max_batched_tokens. enforce_eager: the kill switch (= none).
+  std::string cudagraph_mode = "full_and_piecewise";
+  std::string cudagraph_capture_sizes;
+  bool enforce_eager = false;
   RepetitionMode repetition_mode = RepetitionMode::kObserve;
   RepetitionConfig repetition;
 };

@@ -18,6 +18,7 @@ struct WorkerInfo {
   int32_t num_slots = 0;    // state slots (max concurrent sequences)
   int32_t block_size = 0;   // tokens per block
   int32_t max_model_len = 0;
+  bool cuda_graphs = false;  // runs FULL / PIECEWISE plans (the CUDA worker); others run eager
 };
 
 class Worker {

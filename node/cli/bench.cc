@@ -3,17 +3,22 @@
 // come back). Decode can start from a synthetic context: `--contexts 1024,16384` places every
 // sequence at that position with its cache pages allocated (their contents are whatever the
 // pools hold), so a step reads and attends over a context of that length without a prefill.
-// Each row also prints the HBM roofline of the bytes the decode step must read.
+// Each row also prints the HBM roofline of the bytes the decode step must read, and the graph mode
+// the worker actually ran for the prefill and the timed decode steps (chosen per step as serving
+// does: --cudagraph-mode, --cudagraph-capture-sizes; the CPU worker always runs eagerly).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "node/cli/commands.h"
 #include "node/cli/model_flags.h"
+#include "node/scheduler/graph_policy.h"
 
 namespace dsv4::cli {
 namespace {
@@ -70,15 +75,30 @@ class Bench final : public Command {
         ->check(CLI::Range(1, 1000));
     app.add_option("--hbm-tbps", hbm_tbps_, "HBM bandwidth for the roofline column (TB/s)")
         ->check(CLI::Range(0.01, 100.0));
+    app.add_option("--cudagraph-mode", graph_mode_,
+                   "none|piecewise|full|full_decode_only|full_and_piecewise (as serve); a comma "
+                   "list runs the table once per mode on the same loaded worker");
+    app.add_option("--cudagraph-capture-sizes", graph_sizes_,
+                   "graph batch sizes in tokens (default 1,2,4,8,16,24,...,512)");
   }
 
   int Run() override {
     for (int b : batches_) {
-      if (b < 1 || b > 4096) return Fail(absl::InvalidArgumentError("--batches: sizes in [1, 4096]"));
+      if (b < 1 || b > 4096)
+        return Fail(absl::InvalidArgumentError("--batches: sizes in [1, 4096]"));
     }
     for (int c : contexts_) {
-      if (c < 0 || c > (1 << 24)) return Fail(absl::InvalidArgumentError("--contexts: in [0, 2^24]"));
+      if (c < 0 || c > (1 << 24))
+        return Fail(absl::InvalidArgumentError("--contexts: in [0, 2^24]"));
     }
+    std::vector<GraphConfig> modes;
+    for (absl::string_view m : absl::StrSplit(graph_mode_, ',')) {
+      auto graphs = GraphConfigFromFlags(std::string(m), graph_sizes_, /*enforce_eager=*/false,
+                                         kMaxDefaultCaptureSize);
+      if (!graphs.ok()) return Fail(graphs.status());
+      modes.push_back(*std::move(graphs));
+    }
+    const GraphConfig* graphs = &modes[0];
     const int max_batch = *std::max_element(batches_.begin(), batches_.end());
     const int max_ctx = *std::max_element(contexts_.begin(), contexts_.end());
     const int64_t max_len = std::max(prompt_len_, max_ctx) + decode_steps_ + 2;
@@ -92,77 +112,104 @@ class Bench final : public Command {
     std::printf("device=%s precision=%s prompt_len=%d decode_steps=%d repeats=%d\n",
                 info.device.c_str(), gpu ? flags_.precision.c_str() : "fp32", prompt_len_,
                 decode_steps_, repeats_);
-    std::printf("%6s %8s %14s %12s %14s %14s %12s %10s\n", "batch", "context", "prefill_tok/s",
-                "prefill_ms", "decode_tok/s", "decode_ms/step", "roofline_ms", "x_roofline");
-    const int64_t per_seq = (max_len + info.block_size - 1) / info.block_size;
-    std::mt19937 rng(1234);
-    auto spec = std::make_shared<SamplingSpec>();  // greedy
-    uint64_t step_id = 0;
-    for (int batch : batches_) {
-      for (int ctx : contexts_) {
-        double best_prefill = 1e30, best_decode = 1e30;
-        for (int rep = 0; rep < repeats_; ++rep) {
-          StepPlan plan;
-          plan.force_indexer_scoring = flags_.force_indexer_scoring;
-          for (int i = 0; i < batch; ++i) {
-            ScheduledSeq s;
-            s.request_id = static_cast<uint64_t>(i) + 1;
-            s.state_slot = i;
-            for (int64_t b = 0; b < per_seq; ++b) {
-              s.block_table.push_back(static_cast<int32_t>(i * per_seq + b));
-            }
-            s.sample = true;
-            s.sampling = spec;
-            if (ctx == 0) {
-              for (int t = 0; t < prompt_len_; ++t) {
-                s.tokens.push_back(static_cast<int32_t>(rng() % config.vocab_size));
+    for (const GraphConfig& mode : modes) {
+      graphs = &mode;
+      std::printf(
+          "cudagraph_mode=%s capture_sizes=%s worker_graphs=%s\n", CudaGraphModeName(graphs->mode),
+          CaptureSizesString(graphs->capture_sizes).c_str(), info.cuda_graphs ? "yes" : "no");
+      std::printf("%6s %8s %14s %12s %14s %14s %12s %10s %13s %12s\n", "batch", "context",
+                  "prefill_tok/s", "prefill_ms", "decode_tok/s", "decode_ms/step", "roofline_ms",
+                  "x_roofline", "prefill_graph", "decode_graph");
+      const int64_t per_seq = (max_len + info.block_size - 1) / info.block_size;
+      std::mt19937 rng(1234);
+      auto spec = std::make_shared<SamplingSpec>();  // greedy
+      uint64_t step_id = 0;
+      // Runs one step with the graph the coordinator would choose for it.
+      auto execute = [&](StepPlan& plan) {
+        const GraphChoice g = ChooseGraph(plan, *graphs, info.cuda_graphs);
+        plan.graph_mode = g.mode;
+        plan.padded_tokens = g.padded_tokens;
+        plan.step_id = ++step_id;
+        return (*worker)->Execute(plan);
+      };
+      // The modes that ran, over every repeat: one name, or "mixed" when steps differed.
+      auto note = [](std::string* seen, GraphMode m) {
+        if (seen->empty()) {
+          *seen = GraphModeName(m);
+        } else if (*seen != GraphModeName(m)) {
+          *seen = "mixed";
+        }
+      };
+      for (int batch : batches_) {
+        for (int ctx : contexts_) {
+          double best_prefill = 1e30, best_decode = 1e30;
+          std::string prefill_graph, decode_graph;
+          for (int rep = 0; rep < repeats_; ++rep) {
+            StepPlan plan;
+            plan.force_indexer_scoring = flags_.force_indexer_scoring;
+            for (int i = 0; i < batch; ++i) {
+              ScheduledSeq s;
+              s.request_id = static_cast<uint64_t>(i) + 1;
+              s.state_slot = i;
+              for (int64_t b = 0; b < per_seq; ++b) {
+                s.block_table.push_back(static_cast<int32_t>(i * per_seq + b));
               }
-              s.prompt_len = prompt_len_;
+              s.sample = true;
+              s.sampling = spec;
+              if (ctx == 0) {
+                for (int t = 0; t < prompt_len_; ++t) {
+                  s.tokens.push_back(static_cast<int32_t>(rng() % config.vocab_size));
+                }
+                s.prompt_len = prompt_len_;
+              } else {
+                s.start_pos = ctx;
+                s.prompt_len = ctx;
+              }
+              plan.seqs.push_back(std::move(s));
+            }
+            if (ctx == 0) {
+              const auto t0 = Clock::now();
+              auto r = execute(plan);
+              if (!r.ok()) return Fail(r.status());
+              best_prefill = std::min(best_prefill, Seconds(t0, Clock::now()));
+              note(&prefill_graph, r->graph.mode);
+              for (int i = 0; i < batch; ++i) {
+                plan.seqs[i].start_pos = prompt_len_;
+                plan.seqs[i].tokens = {r->sampled[i].token};
+              }
             } else {
-              s.start_pos = ctx;
-              s.prompt_len = ctx;
+              for (auto& s : plan.seqs)
+                s.tokens = {static_cast<int32_t>(rng() % config.vocab_size)};
             }
-            plan.seqs.push_back(std::move(s));
+            // One untimed step (first-use plans and allocations), then the timed ones.
+            Clock::time_point t2;
+            for (int d = 0; d <= decode_steps_; ++d) {
+              if (d == 1) t2 = Clock::now();
+              auto r = execute(plan);
+              if (!r.ok()) return Fail(r.status());
+              if (d >= 1) note(&decode_graph, r->graph.mode);
+              for (int i = 0; i < batch; ++i) {
+                plan.seqs[i].start_pos += 1;
+                plan.seqs[i].output_index += 1;
+                plan.seqs[i].tokens = {r->sampled[i].token};
+              }
+            }
+            best_decode = std::min(best_decode, Seconds(t2, Clock::now()) / decode_steps_);
           }
+          const int64_t at = ctx == 0 ? prompt_len_ : ctx;
+          const double roof_ms =
+              DecodeStepBytes(config, batch, at, mbytes) / (hbm_tbps_ * 1e12) * 1e3;
           if (ctx == 0) {
-            plan.step_id = ++step_id;
-            const auto t0 = Clock::now();
-            auto r = (*worker)->Execute(plan);
-            if (!r.ok()) return Fail(r.status());
-            best_prefill = std::min(best_prefill, Seconds(t0, Clock::now()));
-            for (int i = 0; i < batch; ++i) {
-              plan.seqs[i].start_pos = prompt_len_;
-              plan.seqs[i].tokens = {r->sampled[i].token};
-            }
+            std::printf("%6d %8d %14.1f %12.2f", batch, ctx, batch * prompt_len_ / best_prefill,
+                        best_prefill * 1e3);
           } else {
-            for (auto& s : plan.seqs) s.tokens = {static_cast<int32_t>(rng() % config.vocab_size)};
+            std::printf("%6d %8d %14s %12s", batch, ctx, "-", "-");
           }
-          // One untimed step (first-use plans and allocations), then the timed ones.
-          Clock::time_point t2;
-          for (int d = 0; d <= decode_steps_; ++d) {
-            if (d == 1) t2 = Clock::now();
-            plan.step_id = ++step_id;
-            auto r = (*worker)->Execute(plan);
-            if (!r.ok()) return Fail(r.status());
-            for (int i = 0; i < batch; ++i) {
-              plan.seqs[i].start_pos += 1;
-              plan.seqs[i].output_index += 1;
-              plan.seqs[i].tokens = {r->sampled[i].token};
-            }
-          }
-          best_decode = std::min(best_decode, Seconds(t2, Clock::now()) / decode_steps_);
+          std::printf(" %14.1f %14.3f %12.3f %10.2f %13s %12s\n", batch / best_decode,
+                      best_decode * 1e3, roof_ms, best_decode * 1e3 / roof_ms,
+                      ctx == 0 ? prefill_graph.c_str() : "-", decode_graph.c_str());
+          std::fflush(stdout);
         }
-        const int64_t at = ctx == 0 ? prompt_len_ : ctx;
-        const double roof_ms = DecodeStepBytes(config, batch, at, mbytes) / (hbm_tbps_ * 1e12) * 1e3;
-        if (ctx == 0) {
-          std::printf("%6d %8d %14.1f %12.2f", batch, ctx, batch * prompt_len_ / best_prefill,
-                      best_prefill * 1e3);
-        } else {
-          std::printf("%6d %8d %14s %12s", batch, ctx, "-", "-");
-        }
-        std::printf(" %14.1f %14.3f %12.3f %10.2f\n", batch / best_decode, best_decode * 1e3,
-                    roof_ms, best_decode * 1e3 / roof_ms);
-        std::fflush(stdout);
       }
     }
     return 0;
@@ -176,6 +223,8 @@ class Bench final : public Command {
   int decode_steps_ = 32;
   int repeats_ = 3;
   double hbm_tbps_ = 4.8;
+  std::string graph_mode_ = "full_and_piecewise";
+  std::string graph_sizes_;  // "" = the defaults
 };
 
 }  // namespace

@@ -51,6 +51,14 @@ class Serve final : public Command {
         ->check(CLI::Range(2, 1 << 20));
     app.add_option("--repetition-min-tokens", o_.repetition.min_tokens, "shortest repeating span")
         ->check(CLI::Range(1, 1 << 20));
+    app.add_option("--cudagraph-mode", o_.cudagraph_mode,
+                   "CUDA graphs on the GPU worker: none|piecewise|full|full_decode_only|"
+                   "full_and_piecewise (FULL graphs for decode batches, piecewise for the rest)");
+    app.add_option("--cudagraph-capture-sizes", o_.cudagraph_capture_sizes,
+                   "graph batch sizes in tokens, e.g. 1,2,4,8 (default 1,2,4,8,16,24,...,512 up "
+                   "to --max-batched-tokens); larger steps run eagerly");
+    app.add_flag("--enforce-eager", o_.enforce_eager,
+                 "kill switch: no CUDA graphs (the same as --cudagraph-mode none)");
     app.add_option("--drain-timeout", drain_timeout_s_, "seconds in-flight requests get on SIGTERM")
         ->check(CLI::Range(0.0, 3600.0));
   }

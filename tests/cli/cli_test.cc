@@ -16,8 +16,11 @@ struct Result {
   std::string output;  // stdout + stderr
 };
 
-Result RunNode(const std::string& args) {
-  const std::string cmd = absl::StrCat(DSV4_NODE_BINARY, " ", args, " 2>&1");
+// `timeout_s` > 0 kills the command after that long (for commands that serve until signalled).
+Result RunNode(const std::string& args, int timeout_s = 0) {
+  const std::string cmd =
+      absl::StrCat(timeout_s > 0 ? absl::StrCat("timeout ", timeout_s, " ") : "", DSV4_NODE_BINARY,
+                   " ", args, " 2>&1");
   Result r;
   FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
@@ -95,11 +98,33 @@ TEST(Cli, BadCommandLinesFailClearly) {
       {"generate", "prompt-ids"},
       {"frobnicate", "frobnicate"},
       {"bench --batches 0", "batches"},
+      {"bench --cudagraph-mode bogus", "--cudagraph-mode"},
+      {"bench --cudagraph-capture-sizes 1,-2", "--cudagraph-capture-sizes"},
       {"check-golden", "dir"},
   };
   for (const auto& c : cases) {
     const Result r = RunNode(c.args);
     EXPECT_NE(r.code, 0) << c.args;
+    EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.args << "\n" << r.output;
+  }
+}
+
+TEST(Cli, ServeRejectsBadGraphFlagsBeforeLoading) {
+  struct Case {
+    std::string args, expect;
+  };
+  const std::vector<Case> cases = {
+      {"--cudagraph-mode bogus", "--cudagraph-mode"},
+      {"--cudagraph-mode bogus --enforce-eager", "'bogus'"},
+      {"--cudagraph-capture-sizes 1,2,zero", "--cudagraph-capture-sizes"},
+      {"--cudagraph-capture-sizes 0", "'0'"},
+  };
+  for (const auto& c : cases) {
+    // A node that accepted the flags would serve until killed: the timeout (exit 124) catches it.
+    const Result r = RunNode(
+        "serve --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --log-level error " + c.args, 60);
+    EXPECT_NE(r.code, 0) << c.args;
+    EXPECT_NE(r.code, 124) << c.args << ": the node started";
     EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.args << "\n" << r.output;
   }
 }
@@ -110,6 +135,11 @@ TEST(Cli, BenchPrintsMeasuredFigures) {
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("prefill_tok/s"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("\n     2 "), std::string::npos) << r.output;
+  // The graph mode that ran: eager on the CPU worker, whatever the (default) mode.
+  EXPECT_NE(r.output.find("cudagraph_mode=full_and_piecewise"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("worker_graphs=no"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("decode_graph"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("eager        eager\n"), std::string::npos) << r.output;
 }
 
 }  // namespace
