@@ -17,11 +17,19 @@
 
 namespace dsv4 {
 
-constexpr int kCudaPluginAbi = 1;
+constexpr int kCudaPluginAbi = 2;
 
 enum class Precision { kBF16, kFP32 };
 absl::StatusOr<Precision> ParsePrecision(std::string_view s);
 const char* PrecisionName(Precision p);
+
+// Graph switches of the CUDA worker (docs/cuda-graphs.md); the environment can turn each on too:
+// DSV4_ENFORCE_EAGER=1, DSV4_PIECEWISE_EAGER_REGION=wide, DSV4_DEBUG_INDEXER_SHORTCUT_IN_CAPTURE=1.
+struct CudaGraphOptions {
+  bool enforce_eager = false;        // kill switch: every step eager, whatever the plan says
+  bool wide_eager_region = false;    // piecewise: each layer's whole attention block eager
+  bool shortcut_in_capture = false;  // debug only: reproduces vLLM #52448 (regression self-check)
+};
 
 struct CudaWorkerSpec {
   int device = 0;
@@ -30,6 +38,7 @@ struct CudaWorkerSpec {
   std::string model_dir;        // checkpoint directory; empty = synthetic weights
   uint64_t synthetic_seed = 0;
   CacheConfig cache;
+  CudaGraphOptions graphs;
 };
 
 // Number of CUDA devices, or an error saying why there are none usable (no plugin, no driver).

@@ -59,7 +59,8 @@ absl::StatusOr<std::unique_ptr<Worker>> CreateWorker(const DeviceChoice& device,
                                                      Precision precision,
                                                      const ModelConfig& config,
                                                      const WeightsSpec& weights,
-                                                     const CacheConfig& cache) {
+                                                     const CacheConfig& cache,
+                                                     const CudaGraphOptions& graphs) {
   if (device.cuda) {
     CudaWorkerSpec spec;
     spec.device = device.index;
@@ -68,6 +69,7 @@ absl::StatusOr<std::unique_ptr<Worker>> CreateWorker(const DeviceChoice& device,
     spec.model_dir = weights.synthetic ? "" : weights.model_dir;
     spec.synthetic_seed = weights.seed;
     spec.cache = cache;
+    spec.graphs = graphs;
     return CreateCudaWorker(spec);
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Dsv4Model> model,

@@ -45,6 +45,7 @@ absl::StatusOr<std::unique_ptr<Worker>> CreateWorker(const DeviceChoice& device,
                                                      Precision precision,
                                                      const ModelConfig& config,
                                                      const WeightsSpec& weights,
-                                                     const CacheConfig& cache);
+                                                     const CacheConfig& cache,
+                                                     const CudaGraphOptions& graphs = {});
 
 }  // namespace dsv4

@@ -17,10 +17,19 @@ namespace dsv4::cuda {
 // The CPU reference's shape (kernels/attention_ref.h) plus the split-KV bound.
 struct AttentionDims : ::dsv4::AttentionShape {
   int64_t max_keys = 0;  // bound on any token's keys (window + compressed): sizes the split-KV
+  // bf16 precision: q and the keys are rounded to bf16 and both products (S = Q K^T, O = P V) run
+  // on tensor cores with fp32 accumulation and an fp32 softmax (P rounded to bf16). Taken when
+  // heads % 16 == 0 and dim is 128, 256 or 512; other shapes (and fp32 precision) use the exact
+  // fp32 kernel. See AttentionUsesTensorCores.
+  bool bf16_tensor_cores = false;
 };
 
+// Whether Attention() runs the bf16 tensor-core kernel for these dims.
+bool AttentionUsesTensorCores(const AttentionDims& s);
+
 // Key splits per (token, head group): 1 when the batch already fills the GPU; more at small
-// batches over long contexts (flash decoding), merged by a combine pass.
+// batches over long contexts (flash decoding), merged by a combine pass. A function of max_keys,
+// heads, the kernel choice and `tokens` only (graph capture bakes it in).
 int AttentionSplits(const AttentionDims& s, int64_t tokens);
 // Floats of workspace Attention() needs for `tokens` tokens (0 without splits).
 int64_t AttentionWorkspaceFloats(const AttentionDims& s, int64_t tokens);

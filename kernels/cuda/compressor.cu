@@ -25,6 +25,7 @@ __global__ void EntryKernel(CompressorDims s, RaggedBatchView b, const float* a,
   if ((pos + 1) % m != 0) return;
   const int64_t w = pos / m;
   const int32_t seq = b.token_seq[t];
+  if (b.state_slot[seq] < 0) return;  // padding of a graph step: no entry, no state
   const int64_t start = b.seq_start_pos[seq];
   const int64_t row0 = b.seq_begin[seq];
   const int64_t open = start / m;  // window open when the step began
@@ -114,6 +115,7 @@ __global__ void EntryKernel(CompressorDims s, RaggedBatchView b, const float* a,
 __global__ void StateKernel(CompressorDims s, RaggedBatchView b, const float* a, const float* z,
                             const float* bias, float* state) {
   const int32_t seq = blockIdx.x;
+  if (b.state_slot[seq] < 0) return;  // padding of a graph step
   const int64_t m = s.ratio, d = s.dim, cd = s.overlap * d;
   const int64_t start = b.seq_start_pos[seq];
   const int64_t n = b.seq_begin[seq + 1] - b.seq_begin[seq];

@@ -76,6 +76,7 @@ __global__ void RingWriteKernel(const float* kv, int64_t dim, int64_t window, Ra
                                 float* ring) {
   const int32_t t = blockIdx.x;
   const int32_t seq = b.token_seq[t];
+  if (b.state_slot[seq] < 0) return;  // padding of a graph step: inert
   // Only the last `window` tokens of a sequence land in the ring: earlier ones of the same step
   // would race for the same rows (the reference writes in order, so the latest wins).
   const int64_t end = int64_t{b.seq_start_pos[seq]} + (b.seq_begin[seq + 1] - b.seq_begin[seq]);
@@ -94,6 +95,11 @@ __global__ void FillUniformKernel(void* x, bool bf16, int64_t n, uint64_t seed, 
       static_cast<float*>(x)[i] = v;
     }
   }
+}
+
+__global__ void GateKernel(const volatile int* flag) {
+  const long long start = clock64();
+  while (*flag == 0 && clock64() - start < 4'000'000'000LL) __nanosleep(1000);
 }
 
 __global__ void FillIndicesKernel(int32_t* x, int64_t n, uint64_t seed, int32_t modulus) {
@@ -169,6 +175,12 @@ absl::Status FillUniform(void* x, DType dtype, int64_t n, uint64_t seed, float l
   if (n == 0) return absl::OkStatus();
   FillUniformKernel<<<Blocks(n, kThreads * 8), kThreads, 0, stream>>>(x, dtype == DType::kBF16, n,
                                                                       seed, lo, hi);
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status Gate(const int* flag, cudaStream_t stream) {
+  GateKernel<<<1, 1, 0, stream>>>(flag);
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

@@ -33,6 +33,8 @@ absl::Status RingWrite(const float* kv, int64_t dim, int64_t window, const Ragge
 // Deterministic pseudo-random fill: x[i] = lo + (hi - lo) * U(seed, i), as fp32 or bf16.
 absl::Status FillUniform(void* x, DType dtype, int64_t n, uint64_t seed, float lo, float hi,
                          cudaStream_t stream);
+// Holds `stream` until *flag != 0 (host-mapped memory) or ~2 s pass (op profiling).
+absl::Status Gate(const int* flag, cudaStream_t stream);
 // Integer fill for hash tables: x[i] = U(seed, i) * modulus.
 absl::Status FillIndices(int32_t* x, int64_t n, uint64_t seed, int32_t modulus, cudaStream_t stream);
 

@@ -11,7 +11,9 @@ namespace {
 constexpr int kScoreThreads = 128;
 constexpr int kSelectThreads = 1024;
 
+// Padding rows of a graph step (state slot -1) see no entries.
 __device__ __forceinline__ int64_t Visible(const RaggedBatchView& b, int32_t t, int64_t ratio) {
+  if (b.state_slot[b.token_seq[t]] < 0) return 0;
   return (static_cast<int64_t>(b.positions[t]) + 1) / ratio;
 }
 

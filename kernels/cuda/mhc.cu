@@ -1,5 +1,7 @@
 #include "kernels/cuda/mhc.h"
 
+#include <algorithm>
+
 #include "kernels/common/cuda_check.h"
 #include "kernels/cuda/common.cuh"
 
@@ -12,131 +14,325 @@ constexpr int kThreads = 256;
 
 __device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-// 1 / RMS of token t's flattened streams f[nd] (every thread gets it).
-__device__ float InvRms(const float* f, int64_t nd, float eps, double* dscratch) {
-  double s = 0;
-  for (int64_t i = threadIdx.x; i < nd; i += blockDim.x) s += static_cast<double>(f[i]) * f[i];
-  s = BlockSumD(s, dscratch);
-  return 1.0f / sqrtf(static_cast<float>(s / static_cast<double>(nd)) + eps);
+// p[k..k+3] with zeros past n; one 16-byte load when `vec` (the caller checked alignment and
+// n % 4 == 0, so k + 3 < n means the whole vector is in range and aligned).
+__device__ __forceinline__ float4 Load4(const float* p, int64_t k, int64_t n, bool vec) {
+  if (vec && k + 3 < n) return *reinterpret_cast<const float4*>(p + k);
+  float4 r;
+  r.x = k < n ? p[k] : 0.0f;
+  r.y = k + 1 < n ? p[k + 1] : 0.0f;
+  r.z = k + 2 < n ? p[k + 2] : 0.0f;
+  r.w = k + 3 < n ? p[k + 3] : 0.0f;
+  return r;
 }
 
-// out[i] = Σ_j pre[j] · f[j, i]: the streams of one token collapsed with its gates.
-__device__ __forceinline__ void Collapse(const float* pre, const float* f, int n, int64_t dim,
-                                         float* out) {
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-    float acc = 0;
-    for (int j = 0; j < n; ++j) acc += pre[j] * f[j * dim + i];
-    out[i] = acc;
+__device__ __forceinline__ float Dot4(float4 a, float4 b) {
+  return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, a.x * b.x)));
+}
+
+// ---- the mix: partial sums [parts, T, rows + 1] ----
+//
+// parts[c, t, r] = Σ_{k in chunk c} flatten(hs)[t, k] · fn[r, k] for r < rows, and
+// parts[c, t, rows] = Σ_{k in chunk c} flatten(hs)[t, k]², the RMS statistic, so the consumer
+// never re-reads hs for the norm. Chunks are kMixChunk wide; the consumer sums them in a fixed
+// order (no float atomics: bit-deterministic run to run).
+constexpr int kMixChunk = 512;
+constexpr int kMixWarps = 4;  // a block covers one chunk: each warp 128 columns, 4 per lane
+constexpr int kMixThreads = kMixWarps * 32;
+static_assert(kMixWarps * 32 * 4 == kMixChunk);
+
+constexpr int Pow2Ceil(int v) {
+  int p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+constexpr int Log2(int v) { return v <= 1 ? 0 : 1 + Log2(v / 2); }
+
+// One halving step: values [0, 2·kHalf) -> [0, kHalf), exchanging with the lane `kO` away; the
+// upper lane keeps the upper half. Template recursion keeps every index constant (a plain
+// unrolled loop left the array in local memory).
+template <int kHalf, int kO, int kV>
+__device__ __forceinline__ void HalvingStep(float (&v)[kV], int lane) {
+  const bool upper = (lane & kO) != 0;
+#pragma unroll
+  for (int i = 0; i < kHalf; ++i) {
+    const float send = upper ? v[i] : v[i + kHalf];
+    const float keep = upper ? v[i + kHalf] : v[i];
+    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, kO);
+  }
+  if constexpr (kHalf > 1) HalvingStep<kHalf / 2, kO / 2>(v, lane);
+}
+
+// Reduces kV per-lane values across the warp with kV - 1 (+ 5 - log2 kV) shuffles instead of
+// 5·kV: each halving step exchanges half of the remaining values with the partner lane. Returns
+// in every lane the warp total of value index lane >> (5 - log2 kV); the lanes of one group of
+// 32 / kV hold the same bits (each pairwise add is commutative, so partners agree).
+template <int kV>
+__device__ __forceinline__ float WarpMultiSum(float (&v)[kV], int lane) {
+  constexpr int kLog = Log2(kV);
+  static_assert((1 << kLog) == kV && kV <= 32);
+  if constexpr (kV > 1) HalvingStep<kV / 2, 16>(v, lane);
+#pragma unroll
+  for (int o = 16 >> kLog; o > 0; o >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+  return v[0];
+}
+
+// Block (c, g): chunk c of nd for tokens [g·tpb, (g+1)·tpb). Each lane keeps its 4 columns of all
+// kRows fn rows in registers (fn is read once per token group, from HBM once overall), streams
+// the tokens' hs (next token prefetched), reduces the warp with WarpMultiSum and the 4 warps
+// through double-buffered shared memory (one barrier per token) in warp order.
+template <int kRows>
+__global__ void __launch_bounds__(kMixThreads)
+    MixKernel(const float* hs, int64_t tokens, int64_t nd, const float* fn, int64_t tpb, bool vec,
+              float* parts) {
+  constexpr int kVals = kRows + 1;
+  constexpr int kV = Pow2Ceil(kVals);
+  constexpr int kGroup = 32 / kV;
+  __shared__ float red[2][kMixWarps][kV];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t c = blockIdx.x;
+  const int64_t k = c * kMixChunk + warp * 128 + lane * 4;
+  float4 w[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) w[r] = Load4(fn + r * nd, k, nd, vec);
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * tpb;
+  const int64_t t1 = std::min(tokens, t0 + tpb);
+  float4 h = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (t0 < t1) h = Load4(hs + t0 * nd, k, nd, vec);
+  int buf = 0;
+  for (int64_t t = t0; t < t1; ++t) {
+    const float4 x = h;
+    if (t + 1 < t1) h = Load4(hs + (t + 1) * nd, k, nd, vec);
+    float v[kV];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) v[r] = Dot4(w[r], x);
+    v[kRows] = Dot4(x, x);
+#pragma unroll
+    for (int r = kVals; r < kV; ++r) v[r] = 0.0f;
+    const float s = WarpMultiSum<kV>(v, lane);
+    const int idx = lane / kGroup;
+    if (lane % kGroup == 0 && idx < kVals) red[buf][warp][idx] = s;
+    // Double buffering: buffer `buf` was last read two tokens ago, before the previous barrier.
+    __syncthreads();
+    if (threadIdx.x < kVals) {
+      float a = red[buf][0][threadIdx.x];
+#pragma unroll
+      for (int q = 1; q < kMixWarps; ++q) a += red[buf][q][threadIdx.x];
+      parts[(c * tokens + t) * kVals + threadIdx.x] = a;
+    }
+    buf ^= 1;
   }
 }
 
-// Split-K partial mixes for few tokens: warp (r, c) dots fn row r with every token over K chunk c;
-// parts [chunks, T, rows], summed in chunk order by the consumer (deterministic).
-constexpr int kMixChunk = 512;
-__global__ void MixPartsKernel(const float* hs, int64_t tokens, int64_t nd, const float* fn,
-                               int rows, float* parts) {
+// Any other row count (not used by DeepSeek-V4, whose hc_mult is 4): warp (r, c) dots fn row r
+// (r = rows: the squares) with every token over chunk c. Same parts layout.
+__global__ void MixGenericKernel(const float* hs, int64_t tokens, int64_t nd, const float* fn,
+                                 int rows, float* parts) {
   const int64_t gw = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   const int64_t chunks = (nd + kMixChunk - 1) / kMixChunk;
-  if (gw >= rows * chunks) return;
-  const int r = static_cast<int>(gw % rows);
-  const int64_t c = gw / rows;
-  float w[kMixChunk / 32];
-#pragma unroll
-  for (int v = 0; v < kMixChunk / 32; ++v) {
-    const int64_t i = c * kMixChunk + v * 32 + lane;
-    w[v] = i < nd ? fn[r * nd + i] : 0.0f;
-  }
+  const int vals = rows + 1;
+  if (gw >= vals * chunks) return;
+  const int r = static_cast<int>(gw % vals);
+  const int64_t c = gw / vals;
   for (int64_t t = 0; t < tokens; ++t) {
+    const float* x = hs + t * nd;
     float acc = 0.0f;
-#pragma unroll
     for (int v = 0; v < kMixChunk / 32; ++v) {
       const int64_t i = c * kMixChunk + v * 32 + lane;
-      if (i < nd) acc += w[v] * hs[t * nd + i];
+      if (i < nd) acc += (r < rows ? fn[r * nd + i] : x[i]) * x[i];
     }
     acc = WarpSum(acc);
-    if (lane == 0) parts[(c * tokens + t) * rows + r] = acc;
+    if (lane == 0) parts[(c * tokens + t) * vals + r] = acc;
   }
 }
 
-__device__ __forceinline__ float MixOf(const float* mix_parts, int64_t parts, int64_t tokens,
-                                       int64_t t, int rows, int r) {
-  float m = 0.0f;
-  for (int64_t c = 0; c < parts; ++c) m += mix_parts[(c * tokens + t) * rows + r];
-  return m;
-}
+// ---- gates, Sinkhorn, collapse ----
 
-// mix_parts [parts, T, rows] (a GEMM's [T, rows] when parts = 1): flatten(hs) · fnᵀ summed over
-// parts; the RMS scale is applied here.
-// kN = hc_mult at compile time: the Sinkhorn matrix lives in registers (one thread runs it; with
-// a runtime n it spilled to local memory and dominated the op).
-template <int kN>
-__global__ void HcPreKernel(HcDims d, const float* hs, const float* mix_parts, int64_t parts,
-                            const float* base, const float* scale, float* collapsed, float* post,
-                            float* comb) {
-  __shared__ double dscratch[32];
-  __shared__ float mix[kMaxMix];
-  __shared__ float pre[kMaxN];
-  const int64_t t = blockIdx.x;
-  constexpr int n = kN;
-  const int rows = (2 + n) * n;
-  const int64_t nd = d.n * d.dim;
-  const float* f = hs + t * nd;
-  const float inv = InvRms(f, nd, d.norm_eps, dscratch);
-  if (threadIdx.x < rows) {
-    mix[threadIdx.x] = MixOf(mix_parts, parts, d.tokens, t, rows, threadIdx.x) * inv;
+// Sinkhorn of comb logits in registers on one thread (the reference's order exactly); the
+// fallback for n·n > 32, which the warp version below does not cover.
+template <int n>
+__device__ void SinkhornSerial(float* c, int64_t iters, float eps) {
+#pragma unroll
+  for (int j = 0; j < n; ++j) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < n; ++k) mx = fmaxf(mx, c[j * n + k]);
+    float sum = 0;
+#pragma unroll
+    for (int k = 0; k < n; ++k) {
+      c[j * n + k] = expf(c[j * n + k] - mx);
+      sum += c[j * n + k];
+    }
+#pragma unroll
+    for (int k = 0; k < n; ++k) c[j * n + k] = c[j * n + k] / sum + eps;
   }
-  __syncthreads();
-  if (threadIdx.x == 0) {
+  for (int64_t it = 0; it < iters || it == 0; ++it) {
+    if (it > 0) {
 #pragma unroll
-    for (int j = 0; j < n; ++j) {
-      pre[j] = Sigmoid(mix[j] * scale[0] + base[j]) + d.hc_eps;
-      post[t * n + j] = 2.0f * Sigmoid(mix[n + j] * scale[1] + base[n + j]);
-    }
-    float c[n * n];
-#pragma unroll
-    for (int i = 0; i < n * n; ++i) c[i] = mix[2 * n + i] * scale[2] + base[2 * n + i];
-#pragma unroll
-    for (int j = 0; j < n; ++j) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int k = 0; k < n; ++k) mx = fmaxf(mx, c[j * n + k]);
-      float sum = 0;
-#pragma unroll
-      for (int k = 0; k < n; ++k) {
-        c[j * n + k] = expf(c[j * n + k] - mx);
-        sum += c[j * n + k];
-      }
-#pragma unroll
-      for (int k = 0; k < n; ++k) c[j * n + k] = c[j * n + k] / sum + d.hc_eps;
-    }
-    for (int it = 0; it < d.sinkhorn_iters; ++it) {
-      if (it > 0) {
-#pragma unroll
-        for (int j = 0; j < n; ++j) {
-          float sum = 0;
-#pragma unroll
-          for (int k = 0; k < n; ++k) sum += c[j * n + k];
-#pragma unroll
-          for (int k = 0; k < n; ++k) c[j * n + k] /= (sum + d.hc_eps);
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < n; ++k) {
+      for (int j = 0; j < n; ++j) {
         float sum = 0;
 #pragma unroll
-        for (int j = 0; j < n; ++j) sum += c[j * n + k];
+        for (int k = 0; k < n; ++k) sum += c[j * n + k];
 #pragma unroll
-        for (int j = 0; j < n; ++j) c[j * n + k] /= (sum + d.hc_eps);
+        for (int k = 0; k < n; ++k) c[j * n + k] /= (sum + eps);
       }
     }
 #pragma unroll
-    for (int i = 0; i < n * n; ++i) comb[t * n * n + i] = c[i];
+    for (int k = 0; k < n; ++k) {
+      float sum = 0;
+#pragma unroll
+      for (int j = 0; j < n; ++j) sum += c[j * n + k];
+#pragma unroll
+      for (int j = 0; j < n; ++j) c[j * n + k] /= (sum + eps);
+    }
   }
-  __syncthreads();
-  Collapse(pre, f, n, d.dim, collapsed + t * d.dim);
 }
 
+// Sinkhorn on one warp, lane j·n + k holding c[j][k] (n·n <= 32). Every row / column sum is
+// gathered with shuffles and added in the reference's order (index 0 up, from 0), so the sums and
+// divisions are the reference's operations; only expf may differ from std::exp in the last ulp.
+// Order as SinkhornRef: row softmax + eps, columns, then (rows, columns) × (iters - 1).
+template <int n>
+__device__ __forceinline__ float SinkhornWarp(float c, int lane, int64_t iters, float eps) {
+  const bool live = lane < n * n;
+  const int j = live ? lane / n : 0, k = live ? lane % n : 0;
+  float mx = -INFINITY;
+#pragma unroll
+  for (int q = 0; q < n; ++q) mx = fmaxf(mx, __shfl_sync(0xffffffffu, c, j * n + q));
+  c = expf(c - mx);
+  float sum = 0;
+#pragma unroll
+  for (int q = 0; q < n; ++q) sum += __shfl_sync(0xffffffffu, c, j * n + q);
+  c = c / sum + eps;
+  for (int64_t it = 0; it < iters || it == 0; ++it) {
+    if (it > 0) {
+      float rs = 0;
+#pragma unroll
+      for (int q = 0; q < n; ++q) rs += __shfl_sync(0xffffffffu, c, j * n + q);
+      c /= (rs + eps);
+    }
+    float cs = 0;
+#pragma unroll
+    for (int q = 0; q < n; ++q) cs += __shfl_sync(0xffffffffu, c, q * n + k);
+    c /= (cs + eps);
+  }
+  return c;
+}
+
+// Grid (T, col_blocks [+ 1]). Every block sums the parts it needs for its token (fixed order:
+// lane-strided then a warp tree, identical in every block, so all blocks agree bit for bit) and
+// applies the RMS scale. Blocks y < col_blocks compute the pre gates and collapse 4·kFinThreads
+// columns; for HcPre, block y = col_blocks computes post and runs the Sinkhorn on one warp, in
+// parallel with the collapse. kPre: HcPre (rows (2+n)n, scale[3]); else HcHead (rows n, scale[1]).
+constexpr int kFinThreads = 128;
+
+template <int kN, bool kPre>
+__global__ void __launch_bounds__(kFinThreads)
+    HcFinalKernel(HcDims d, const float* hs, const float* mix_parts, int64_t nparts,
+                  const float* base, const float* scale, int64_t col_blocks, bool vec, float* out,
+                  float* post, float* comb) {
+  constexpr int kRows = kPre ? (2 + kN) * kN : kN;
+  constexpr int kVals = kRows + 1;  // the last one: Σ hs²
+  __shared__ float vals[kVals];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t t = blockIdx.x;
+  const bool sink = kPre && blockIdx.y == col_blocks;
+  const int need = sink ? kVals : kN + 1;
+  for (int q = warp; q < need; q += kFinThreads / 32) {
+    const int r = sink || q < kN ? q : kRows;
+    float s = 0.0f;
+    for (int64_t p = lane; p < nparts; p += 32) s += mix_parts[(p * d.tokens + t) * kVals + r];
+    s = WarpSum(s);
+    if (lane == 0) vals[r] = s;
+  }
+  __syncthreads();
+  const int64_t nd = kN * d.dim;
+  const float inv = 1.0f / sqrtf(vals[kRows] / static_cast<float>(nd) + d.norm_eps);
+  if (sink) {
+    if (warp != 0) return;
+    if (lane < kN) {
+      post[t * kN + lane] = 2.0f * Sigmoid(vals[kN + lane] * inv * scale[1] + base[kN + lane]);
+    }
+    constexpr int n2 = kN * kN;
+    if constexpr (n2 <= 32) {
+      float c = 0.0f;
+      if (lane < n2) c = vals[2 * kN + lane] * inv * scale[2] + base[2 * kN + lane];
+      c = SinkhornWarp<kN>(c, lane, d.sinkhorn_iters, d.hc_eps);
+      if (lane < n2) comb[t * n2 + lane] = c;
+    } else {
+      if (lane != 0) return;
+      float c[n2];
+#pragma unroll
+      for (int i = 0; i < n2; ++i) c[i] = vals[2 * kN + i] * inv * scale[2] + base[2 * kN + i];
+      SinkhornSerial<kN>(c, d.sinkhorn_iters, d.hc_eps);
+#pragma unroll
+      for (int i = 0; i < n2; ++i) comb[t * n2 + i] = c[i];
+    }
+    return;
+  }
+  float pre[kN];
+#pragma unroll
+  for (int j = 0; j < kN; ++j) pre[j] = Sigmoid(vals[j] * inv * scale[0] + base[j]) + d.hc_eps;
+  // out[i] = Σ_j pre[j] · f[j, i], the streams collapsed with the gates, 4 columns per thread.
+  const float* f = hs + t * nd;
+  float* o = out + t * d.dim;
+  const int64_t i = (static_cast<int64_t>(blockIdx.y) * kFinThreads + threadIdx.x) * 4;
+  if (i >= d.dim) return;
+  if (vec) {
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+      const float4 x = *reinterpret_cast<const float4*>(f + j * d.dim + i);
+      acc.x += pre[j] * x.x;
+      acc.y += pre[j] * x.y;
+      acc.z += pre[j] * x.z;
+      acc.w += pre[j] * x.w;
+    }
+    *reinterpret_cast<float4*>(o + i) = acc;
+  } else {
+    for (int64_t e = i; e < std::min<int64_t>(i + 4, d.dim); ++e) {
+      float acc = 0;
+#pragma unroll
+      for (int j = 0; j < kN; ++j) acc += pre[j] * f[j * d.dim + e];
+      o[e] = acc;
+    }
+  }
+}
+
+// out[t, k] = post[t, k] f[t] + Σ_j comb[t, j, k] hs[t, j], 4 columns of all n outputs per thread
+// (each hs / f vector is loaded once, every store is 16 bytes). Grid (T, ceil(D / 4 / threads)).
+template <int kN>
+__global__ void __launch_bounds__(kFinThreads)
+    HcPostVecKernel(int64_t dim, const float* hs, const float* f, const float* post,
+                    const float* comb, float* out) {
+  const int64_t t = blockIdx.x;
+  const int64_t i = (static_cast<int64_t>(blockIdx.y) * kFinThreads + threadIdx.x) * 4;
+  if (i >= dim) return;
+  const float* h = hs + t * kN * dim;
+  const float* c = comb + t * kN * kN;
+  float4 x[kN];
+#pragma unroll
+  for (int j = 0; j < kN; ++j) x[j] = *reinterpret_cast<const float4*>(h + j * dim + i);
+  const float4 ft = *reinterpret_cast<const float4*>(f + t * dim + i);
+  float* o = out + t * kN * dim;
+#pragma unroll
+  for (int k = 0; k < kN; ++k) {
+    const float pk = post[t * kN + k];
+    float4 acc = make_float4(pk * ft.x, pk * ft.y, pk * ft.z, pk * ft.w);
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+      const float cjk = c[j * kN + k];
+      acc.x += cjk * x[j].x;
+      acc.y += cjk * x[j].y;
+      acc.z += cjk * x[j].z;
+      acc.w += cjk * x[j].w;
+    }
+    *reinterpret_cast<float4*>(o + k * dim + i) = acc;
+  }
+}
+
+// Scalar fallback for D % 4 != 0 or unaligned pointers.
 __global__ void HcPostKernel(HcDims d, const float* hs, const float* f, const float* post,
                              const float* comb, float* out) {
   const int64_t t = blockIdx.y;
@@ -153,35 +349,65 @@ __global__ void HcPostKernel(HcDims d, const float* hs, const float* f, const fl
   }
 }
 
-__global__ void HcHeadKernel(HcDims d, const float* hs, const float* mix_parts, int64_t parts,
-                             const float* base, const float* scale, float* y) {
-  __shared__ double dscratch[32];
-  __shared__ float pre[kMaxN];
-  const int64_t t = blockIdx.x;
-  const int n = static_cast<int>(d.n);
-  const float* f = hs + t * n * d.dim;
-  const float inv = InvRms(f, n * d.dim, d.norm_eps, dscratch);
-  if (threadIdx.x < n) {
-    const float mix = MixOf(mix_parts, parts, d.tokens, t, n, threadIdx.x) * inv;
-    pre[threadIdx.x] = Sigmoid(mix * scale[0] + base[threadIdx.x]) + d.hc_eps;
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// Launches HcFinalKernel<N, kPre> for the runtime n.
+template <bool kPre>
+void LaunchFinal(const HcDims& d, const float* hs, const float* mix_parts, int64_t parts,
+                 const float* base, const float* scale, float* out, float* post, float* comb,
+                 cudaStream_t stream) {
+  const int64_t col_blocks = (d.dim + 4 * kFinThreads - 1) / (4 * kFinThreads);
+  const bool vec = d.dim % 4 == 0 && Aligned16(hs) && Aligned16(out);
+  const dim3 grid(static_cast<unsigned>(d.tokens), static_cast<unsigned>(col_blocks + (kPre ? 1 : 0)));
+  switch (d.n) {
+#define DSV4_HC_FINAL(N)                                                                   \
+  case N:                                                                                  \
+    HcFinalKernel<N, kPre><<<grid, kFinThreads, 0, stream>>>(d, hs, mix_parts, parts, base, \
+                                                             scale, col_blocks, vec, out,  \
+                                                             post, comb);                  \
+    break;
+    DSV4_HC_FINAL(1)
+    DSV4_HC_FINAL(2)
+    DSV4_HC_FINAL(3)
+    DSV4_HC_FINAL(4)
+    DSV4_HC_FINAL(5)
+    DSV4_HC_FINAL(6)
+    DSV4_HC_FINAL(7)
+    DSV4_HC_FINAL(8)
+#undef DSV4_HC_FINAL
   }
-  __syncthreads();
-  Collapse(pre, f, n, d.dim, y + t * d.dim);
 }
 
 }  // namespace
 
 int64_t HcMixParts(int64_t tokens, int64_t nd) {
-  return tokens <= kHcMixMaxTokens ? (nd + kMixChunk - 1) / kMixChunk : 1;
+  (void)tokens;
+  return std::max<int64_t>((nd + kMixChunk - 1) / kMixChunk, 1);
 }
 
 absl::Status HcMix(const float* hs, int64_t tokens, int64_t nd, const float* fn, int64_t rows,
                    float* parts, cudaStream_t stream) {
   if (tokens == 0) return absl::OkStatus();
-  if (tokens > kHcMixMaxTokens) return absl::InvalidArgumentError("HcMix: too many tokens");
-  const int64_t warps = rows * ((nd + kMixChunk - 1) / kMixChunk);
-  MixPartsKernel<<<static_cast<unsigned>((warps * 32 + kThreads - 1) / kThreads), kThreads, 0,
-                   stream>>>(hs, tokens, nd, fn, static_cast<int>(rows), parts);
+  if (rows < 1 || rows > kMaxMix) return absl::InvalidArgumentError("HcMix: bad row count");
+  const int64_t chunks = HcMixParts(tokens, nd);
+  if (rows == 24 || rows == 4) {
+    // Tokens per block: one while that leaves fewer than ~512 blocks (decode: every block streams
+    // only its fn chunk), more for longer batches so the fn chunk (48 KB per block) is not re-read
+    // from L2 for every token or two; at most 64 tokens so the serial token loop stays short.
+    // Depends on the shape only (graph capture).
+    const int64_t tpb = std::clamp<int64_t>(tokens * chunks / 512, 1, 64);
+    const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>((tokens + tpb - 1) / tpb));
+    const bool vec = nd % 4 == 0 && Aligned16(hs) && Aligned16(fn);
+    if (rows == 24) {
+      MixKernel<24><<<grid, kMixThreads, 0, stream>>>(hs, tokens, nd, fn, tpb, vec, parts);
+    } else {
+      MixKernel<4><<<grid, kMixThreads, 0, stream>>>(hs, tokens, nd, fn, tpb, vec, parts);
+    }
+  } else {
+    const int64_t warps = (rows + 1) * chunks;
+    MixGenericKernel<<<static_cast<unsigned>((warps * 32 + kThreads - 1) / kThreads), kThreads, 0,
+                       stream>>>(hs, tokens, nd, fn, static_cast<int>(rows), parts);
+  }
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
@@ -192,22 +418,7 @@ absl::Status HcPre(const HcDims& d, const float* hs, const float* mix_parts, int
                    cudaStream_t stream) {
   if (d.n < 1 || d.n > kMaxN) return absl::UnimplementedError("hc_mult must be in [1, 8]");
   if (d.tokens == 0) return absl::OkStatus();
-  switch (d.n) {
-#define DSV4_HC_PRE(N)                                                                \
-  case N:                                                                             \
-    HcPreKernel<N><<<static_cast<unsigned>(d.tokens), kThreads, 0, stream>>>(         \
-        d, hs, mix_parts, parts, base, scale, collapsed, post, comb);                 \
-    break;
-    DSV4_HC_PRE(1)
-    DSV4_HC_PRE(2)
-    DSV4_HC_PRE(3)
-    DSV4_HC_PRE(4)
-    DSV4_HC_PRE(5)
-    DSV4_HC_PRE(6)
-    DSV4_HC_PRE(7)
-    DSV4_HC_PRE(8)
-#undef DSV4_HC_PRE
-  }
+  LaunchFinal<true>(d, hs, mix_parts, parts, base, scale, collapsed, post, comb, stream);
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
@@ -215,10 +426,33 @@ absl::Status HcPre(const HcDims& d, const float* hs, const float* mix_parts, int
 absl::Status HcPost(const HcDims& d, const float* hs, const float* f, const float* post,
                     const float* comb, float* out, cudaStream_t stream) {
   if (d.tokens == 0) return absl::OkStatus();
-  const int64_t per_token = d.n * d.dim;
-  const unsigned bx = static_cast<unsigned>(std::min<int64_t>((per_token + kThreads - 1) / kThreads, 64));
-  HcPostKernel<<<dim3(bx, static_cast<unsigned>(d.tokens)), kThreads, 0, stream>>>(d, hs, f, post,
-                                                                                   comb, out);
+  if (d.dim % 4 == 0 && d.n >= 1 && d.n <= kMaxN && Aligned16(hs) && Aligned16(f) &&
+      Aligned16(out)) {
+    const dim3 grid(static_cast<unsigned>(d.tokens),
+                    static_cast<unsigned>((d.dim + 4 * kFinThreads - 1) / (4 * kFinThreads)));
+    switch (d.n) {
+#define DSV4_HC_POST(N)                                                                      \
+  case N:                                                                                    \
+    HcPostVecKernel<N><<<grid, kFinThreads, 0, stream>>>(d.dim, hs, f, post, comb, out);     \
+    break;
+      DSV4_HC_POST(1)
+      DSV4_HC_POST(2)
+      DSV4_HC_POST(3)
+      DSV4_HC_POST(4)
+      DSV4_HC_POST(5)
+      DSV4_HC_POST(6)
+      DSV4_HC_POST(7)
+      DSV4_HC_POST(8)
+#undef DSV4_HC_POST
+    }
+  } else {
+    const int64_t per_token = d.n * d.dim;
+    const unsigned bx =
+        static_cast<unsigned>(std::min<int64_t>((per_token + kThreads - 1) / kThreads, 64));
+    HcPostKernel<<<dim3(bx, static_cast<unsigned>(d.tokens)), kThreads, 0, stream>>>(d, hs, f,
+                                                                                     post, comb,
+                                                                                     out);
+  }
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
@@ -228,8 +462,7 @@ absl::Status HcHead(const HcDims& d, const float* hs, const float* mix_parts, in
                     const float* scale, float* y, cudaStream_t stream) {
   if (d.n < 1 || d.n > kMaxN) return absl::UnimplementedError("hc_mult must be in [1, 8]");
   if (d.tokens == 0) return absl::OkStatus();
-  HcHeadKernel<<<static_cast<unsigned>(d.tokens), kThreads, 0, stream>>>(d, hs, mix_parts, parts,
-                                                                          base, scale, y);
+  LaunchFinal<false>(d, hs, mix_parts, parts, base, scale, y, nullptr, nullptr, stream);
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

@@ -13,11 +13,12 @@ namespace dsv4::cuda {
 // The CPU reference's shape struct (kernels/mhc_ref.h): one definition for both.
 using HcDims = ::dsv4::HcShape;
 
-// The mixing projections come first, un-normalised: mix = flatten(hs) · fnᵀ ([T, (2+n)n] for
-// HcPre, [T, n] for HcHead) as `parts` partial sums [parts, T, rows]. Few tokens: HcMix (split-K,
-// HcMixParts(T, nd) parts); many: a GEMM ([T, rows], parts = 1). The kernels apply the RMS scale.
-constexpr int64_t kHcMixMaxTokens = 16;
-int64_t HcMixParts(int64_t tokens, int64_t nd);  // 1 = use a GEMM
+// The mixing projections come first, un-normalised: mix = flatten(hs) · fnᵀ (rows = (2+n)n for
+// HcPre, n for HcHead) as HcMixParts(T, nd) split-K partial sums [parts, T, rows + 1], the last
+// column holding the partial Σ hs² of the RMS norm. HcPre / HcHead sum the parts in a fixed order
+// (deterministic) and apply the RMS scale. HcMix serves every T.
+constexpr int64_t kHcMixMaxTokens = 16;  // no longer a limit of HcMix; kept for source compatibility
+int64_t HcMixParts(int64_t tokens, int64_t nd);
 absl::Status HcMix(const float* hs, int64_t tokens, int64_t nd, const float* fn, int64_t rows,
                    float* parts, cudaStream_t stream);
 // collapsed [T, D], post [T, n], comb [T, n, n] from hs [T, n, D] (n <= 8).

@@ -1,5 +1,6 @@
 #include "kernels/cuda/moe.h"
 
+#include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 
 #include "kernels/common/cuda_check.h"
@@ -102,28 +103,46 @@ __global__ void SwiGluKernel(const float* gu, int64_t rows, int64_t inter, float
   }
 }
 
-// Expert boundaries from the sorted expert ids: offsets[e] = first sorted assignment of expert e,
-// active[i] = the i-th expert that has assignments, *num_active.
-__global__ void OffsetsKernel(const int32_t* sorted_experts, int64_t assignments, int64_t experts,
-                              int32_t* offsets, int32_t* active, int32_t* num_active) {
-  // Single block.
-  for (int64_t e = threadIdx.x; e <= experts; e += blockDim.x) offsets[e] = static_cast<int32_t>(assignments);
+// Expert boundaries from the sorted expert ids: offsets[e] = first sorted assignment of expert e
+// (experts without assignments start where the next one does), active[i] = the i-th expert that
+// has assignments, *num_active. Single block: per-expert counts (integer shared-memory atomics,
+// so the result does not depend on their order) and block scans; an earlier version walked the
+// experts serially in one thread, a long dependent chain of global accesses at every step.
+constexpr int kOffsetsThreads = 1024;
+__global__ void __launch_bounds__(kOffsetsThreads)
+    OffsetsKernel(const int32_t* sorted_experts, int64_t assignments, int64_t experts,
+                  int32_t* offsets, int32_t* active, int32_t* num_active) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  int32_t* count = reinterpret_cast<int32_t*>(smem_raw);  // [experts]
+  using Scan = cub::BlockScan<int32_t, kOffsetsThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  for (int64_t e = threadIdx.x; e < experts; e += kOffsetsThreads) count[e] = 0;
   __syncthreads();
-  for (int64_t a = threadIdx.x; a < assignments; a += blockDim.x) {
+  for (int64_t a = threadIdx.x; a < assignments; a += kOffsetsThreads) {
     const int32_t e = sorted_experts[a];
-    if (a == 0 || sorted_experts[a - 1] != e) offsets[e] = static_cast<int32_t>(a);
+    if (e >= 0 && e < experts) atomicAdd(&count[e], 1);
   }
   __syncthreads();
+  // Chunks of kOffsetsThreads experts, carrying the running totals (uniform trip count).
+  int32_t start = 0, ranked = 0;
+  for (int64_t base = 0; base < experts; base += kOffsetsThreads) {
+    const int64_t e = base + threadIdx.x;
+    const int32_t c = e < experts ? count[e] : 0;
+    int32_t off, total, rank, total_active;
+    Scan(scan).ExclusiveSum(c, off, total);
+    __syncthreads();  // the scan storage is reused
+    Scan(scan).ExclusiveSum(c > 0 ? 1 : 0, rank, total_active);
+    __syncthreads();
+    if (e < experts) {
+      offsets[e] = start + off;
+      if (c > 0) active[ranked + rank] = static_cast<int32_t>(e);
+    }
+    start += total;
+    ranked += total_active;
+  }
   if (threadIdx.x == 0) {
-    // Experts without assignments start where the next one does.
-    for (int64_t e = experts - 1; e >= 0; --e) {
-      if (offsets[e] > offsets[e + 1]) offsets[e] = offsets[e + 1];
-    }
-    int32_t n = 0;
-    for (int64_t e = 0; e < experts; ++e) {
-      if (offsets[e + 1] > offsets[e]) active[n++] = static_cast<int32_t>(e);
-    }
-    *num_active = n;
+    offsets[experts] = static_cast<int32_t>(assignments);
+    *num_active = ranked;
   }
 }
 
@@ -246,14 +265,259 @@ __global__ void __launch_bounds__(kGemmThreads) GroupedGemvKernel(
   }
 }
 
-// out[t] = Σ_k weights[t, k] · y[pos(t, k)], k in order.
+// ---- bf16 weights: tensor-core expert GEMV ----
+//
+// The FMA kernel above reads the staged activations from shared memory once per weight row and
+// token, so at a few tokens per expert shared memory, not HBM, is the limit (the decode MoE at
+// T=64/256), and with one row set per warp it has few loads in flight. For bf16 weights the
+// products are exact in fp32 either way (x is rounded to bf16, as above), so the dot products can
+// go to mma.sync.m16n8k16 (bf16 in, fp32 accumulate): the 8 tokens of a group are the n = 8
+// columns, 16 weight rows the m rows, and the tensor cores make the token count nearly free.
+// Only the accumulation order within a k step differs from the FMA kernel (as with cuBLASLt).
+//
+// Each warp owns one 16-row tile of W and streams its K range with 16-byte loads: a lane quad
+// (lanes 4g..4g+3) reads 64 contiguous bytes of row g and of row g + 8 per 32-wide k block, and
+// kMmaUnroll k blocks are loaded before any is used, i.e. 2 * kMmaUnroll 16-byte loads in flight
+// per lane (8 KiB per warp at 8). The dot product does not care how k is permuted as long as A
+// and B see the same permutation, so a lane's 16-byte load of 8 consecutive k (8q .. 8q+7 for
+// quad lane q) feeds two m16n8k16 steps directly, with no shuffles:
+//   step 0: A regs {row g: k 8q+0,1 | row g+8: 8q+0,1 | row g: 8q+2,3 | row g+8: 8q+2,3}
+//   step 1: the same with 8q+4..7,
+// which is the PTX fragment layout (a0a1: row g, logical k 2q,2q+1; a2a3: row g+8; a4a5: row g,
+// logical k 2q+8,2q+9; a6a7: row g+8) under the map logical 2q,2q+1,2q+8,2q+9 -> physical
+// 8q+0..3 (step 0) / 8q+4..7 (step 1). The B fragment (b0b1: logical k 2q,2q+1 of token g, b2b3:
+// 2q+8,2q+9) is then the 16-byte word of token g at physical k 8q..8q+7 of that k block.
+//
+// The activations of the group (8 tokens, the whole K, bf16) are staged in shared memory once
+// per group in that fragment order, [k block][token][32 k], so lane l of a warp reads the 16
+// bytes at (k block * 32 + l) * 16: conflict-free, one 16-byte shared load per 32 k per warp.
+// K in full, not in chunks: no __syncthreads inside the K loop, so the weight stream of a warp
+// never drains at a chunk boundary (16 KiB of shared memory per 1024 of K: 64 KiB at 4096).
+//
+// kSwiGlu (the gate_up projection): a tile's rows are gate rows c..c+7 (A rows 0..7) and up rows
+// I+c..I+c+7 (A rows 8..15), so each lane ends with gate and up of the same (column, token) in
+// its accumulators (c0/c2 for token 2q, c1/c3 for 2q+1) and applies the clamped SwiGLU of
+// SwiGluKernel in registers, writing h rounded to bf16 (exactly what the down projection's
+// staging rounded it to before), [assignment, I]. Otherwise rows r..r+15 and y fp32.
+//
+// kSplitK > 1 splits K over kSplitK warps of a block on the same tile (SmallGemv: few tiles, so
+// more warps per tile for loads in flight); their partial sums meet in shared memory and are
+// added in warp order: deterministic.
+constexpr int kMmaThreads = 256;
+constexpr int kMmaWarps = kMmaThreads / 32;
+constexpr int kMmaTokens = 8;    // the mma n: assignments per group
+constexpr int kMmaKBlock = 32;   // k per lane-quad 16-byte load: two m16n8k16 steps
+constexpr int kMmaUnroll = 8;    // k blocks loaded before use: 2 * 8 16-byte loads per lane
+constexpr int kStageUnroll = 4;  // staging loads in flight per thread
+constexpr int kMoeSplitK = 1;    // MoE: 32 blocks x active experts are enough blocks
+constexpr int kGemvSplitK = 8;   // SmallGemv: a block's 8 warps share one 16-row tile
+// Largest staged x (8 tokens x K bf16) the launchers accept: K <= 12800.
+constexpr size_t kMmaMaxSmemBytes = 200 * 1024;
+
+__device__ __forceinline__ void MmaBf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Weights are read once per group and never written: read-only path, no L1 allocation (nothing
+// reuses them within the SM), and a 256-byte L2 prefetch since a warp reads 512 contiguous bytes
+// of each of its rows per batch anyway.
+__device__ __forceinline__ uint4 LoadWeights16(const uint4* p) {
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low half
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// 8 consecutive activations as 8 bf16 (round to nearest even, as __float2bfloat16_rn above).
+__device__ __forceinline__ uint4 LoadBf16x8(const float* p) {
+  const float4 a = *reinterpret_cast<const float4*>(p);
+  const float4 b = *reinterpret_cast<const float4*>(p + 4);
+  return make_uint4(PackBf16x2(a.x, a.y), PackBf16x2(a.z, a.w), PackBf16x2(b.x, b.y),
+                    PackBf16x2(b.z, b.w));
+}
+__device__ __forceinline__ uint4 LoadBf16x8(const __nv_bfloat16* p) {
+  return *reinterpret_cast<const uint4*>(p);
+}
+
+// y[a, :n_out] = W[e] · x[src(a)] for the sorted assignments a of expert e = active[blockIdx.y]
+// (or, with `active` null, rows [0, dense_rows) of x against one weight), W bf16 [rows, k_in],
+// k_in % 32 == 0; x fp32 (rounded to bf16 here) or bf16; x and W 16-byte aligned. src(a) as in
+// GroupedGemvKernel. With `scatter_out`, row a of y is written at order[a] (the assignment's
+// (t, k) index) so that the combine needs no inverse permutation. kSwiGlu: see above; n_out = I,
+// W has 2I rows, y is bf16 h.
+template <typename X, bool kSwiGlu, int kSplitK>
+__global__ void __launch_bounds__(kMmaThreads, 2) ExpertMmaKernel(
+    const X* x, int64_t ldx, bool by_token, bool scatter_out, int64_t top_k,
+    const __nv_bfloat16* weight, int64_t n_out, int64_t k_in, float limit, const int32_t* order,
+    const int32_t* offsets, const int32_t* active, const int32_t* num_active, int32_t dense_rows,
+    void* y) {
+  static_assert(kMmaWarps % kSplitK == 0, "the warps of a block split into whole tiles");
+  constexpr int kTilesPerBlock = kMmaWarps / kSplitK;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  uint4* sx = reinterpret_cast<uint4*>(smem_raw);  // [k block][token][4 x 16 bytes]
+  __shared__ float4 red[kSplitK > 1 ? kMmaWarps : 1][32];
+  int32_t e = 0, a0 = 0, a1 = dense_rows;
+  if (active != nullptr) {
+    if (static_cast<int32_t>(blockIdx.y) >= *num_active) return;  // uniform across the block
+    e = active[blockIdx.y];
+    a0 = offsets[e];
+    a1 = offsets[e + 1];
+  }
+  const int64_t w_rows = kSwiGlu ? 2 * n_out : n_out;
+  const __nv_bfloat16* we = weight + static_cast<int64_t>(e) * w_rows * k_in;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int grp = lane >> 2, quad = lane & 3;
+  const int slice = warp % kSplitK;
+  const int64_t tile = static_cast<int64_t>(blockIdx.x) * kTilesPerBlock + warp / kSplitK;
+  // Output columns of the accumulator rows grp (c0, c1) and grp + 8 (c2, c3), and the W rows
+  // behind A rows grp and grp + 8.
+  int64_t out_lo, out_hi, row_lo, row_hi;
+  bool live;  // the tile has any rows (uniform across the warp)
+  if constexpr (kSwiGlu) {
+    out_lo = out_hi = tile * 8 + grp;
+    row_lo = out_lo;          // gate
+    row_hi = n_out + out_lo;  // up
+    live = tile * 8 < n_out;
+  } else {
+    out_lo = tile * 16 + grp;
+    out_hi = out_lo + 8;
+    row_lo = out_lo;
+    row_hi = out_hi;
+    live = tile * 16 < n_out;
+  }
+  const bool ok_lo = out_lo < n_out, ok_hi = out_hi < n_out;
+  // Rows past the end read row 0 instead (in bounds; their results are not stored).
+  const uint4* wlo = reinterpret_cast<const uint4*>(we + (ok_lo ? row_lo : 0) * k_in) + quad;
+  const uint4* whi = reinterpret_cast<const uint4*>(we + (ok_hi ? row_hi : 0) * k_in) + quad;
+  const int kblocks = static_cast<int>(k_in / kMmaKBlock);
+  const int kb_begin = slice * kblocks / kSplitK, kb_end = (slice + 1) * kblocks / kSplitK;
+  const int items = kblocks * 32;  // 16-byte words of the staged group
+
+  // One batch of weights: kMmaUnroll k blocks of rows lo and hi, all loads issued before any is
+  // used (the guards are uniform across the warp). Weights do not depend on x, so the first batch
+  // of the first group is requested before the staging below, and the first batch of the next
+  // group (the same rows again) before that group's staging: the weight stream does not wait for
+  // the x round trip and the barriers.
+  uint4 lo[kMmaUnroll], hi[kMmaUnroll];
+  auto load_batch = [&](int kb) {
+#pragma unroll
+    for (int u = 0; u < kMmaUnroll; ++u) {
+      if (kb + u < kb_end) {
+        lo[u] = LoadWeights16(wlo + (kb + u) * (kMmaKBlock / 8));
+        hi[u] = LoadWeights16(whi + (kb + u) * (kMmaKBlock / 8));
+      } else {
+        lo[u] = hi[u] = make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  if (live && a0 < a1) load_batch(kb_begin);
+
+  for (int32_t g0 = a0; g0 < a1; g0 += kMmaTokens) {
+    const int ng = a1 - g0 < kMmaTokens ? a1 - g0 : kMmaTokens;
+    __syncthreads();  // the previous group's readers of sx (and red) are done
+    // Word i holds token j = (i / 4) % 8, k = (i / 32) * 32 + (i % 4) * 8 .. + 7; tokens past
+    // the group are zeros (their columns are never stored). Loads first, then the stores, so
+    // that kStageUnroll loads are in flight.
+    for (int i0 = threadIdx.x; i0 < items; i0 += kMmaThreads * kStageUnroll) {
+      uint4 v[kStageUnroll];
+#pragma unroll
+      for (int u = 0; u < kStageUnroll; ++u) {
+        const int i = i0 + u * kMmaThreads;
+        const int j = (i >> 2) & (kMmaTokens - 1);
+        v[u] = make_uint4(0, 0, 0, 0);
+        if (i < items && j < ng) {
+          const int64_t src = by_token ? order[g0 + j] / top_k : g0 + j;
+          v[u] = LoadBf16x8(x + src * ldx + (i >> 5) * kMmaKBlock + (i & 3) * 8);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kStageUnroll; ++u) {
+        const int i = i0 + u * kMmaThreads;
+        if (i < items) sx[i] = v[u];
+      }
+    }
+    __syncthreads();
+
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (live) {
+      const uint4* xs = sx + lane;
+      const bool more_groups = g0 + kMmaTokens < a1;
+      // The batch at kb is in lo/hi on entry to each iteration.
+      for (int kb = kb_begin; kb < kb_end; kb += kMmaUnroll) {
+#pragma unroll
+        for (int u = 0; u < kMmaUnroll; ++u) {
+          if (kb + u < kb_end) {
+            const uint4 b = xs[(kb + u) * 32];
+            MmaBf16(acc, lo[u].x, hi[u].x, lo[u].y, hi[u].y, b.x, b.y);
+            MmaBf16(acc, lo[u].z, hi[u].z, lo[u].w, hi[u].w, b.z, b.w);
+          }
+        }
+        if (kb + kMmaUnroll < kb_end) {
+          load_batch(kb + kMmaUnroll);
+        } else if (more_groups) {
+          load_batch(kb_begin);
+        }
+      }
+    }
+    if constexpr (kSplitK > 1) {
+      // Partial sums of the other K slices, added in slice order.
+      if (slice != 0) red[warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      __syncthreads();
+      if (slice == 0) {
+        for (int s = 1; s < kSplitK; ++s) {
+          const float4 r = red[warp + s][lane];
+          acc[0] += r.x;
+          acc[1] += r.y;
+          acc[2] += r.z;
+          acc[3] += r.w;
+        }
+      }
+    }
+    if (live && slice == 0) {
+      // c0/c2: token 2 * quad, c1/c3: token 2 * quad + 1.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int j = 2 * quad + h;
+        if (j >= ng) continue;
+        if constexpr (kSwiGlu) {
+          if (ok_lo) {
+            // SwiGluKernel's clamps and expression.
+            const float gate = fminf(acc[h], limit);
+            const float up = fminf(fmaxf(acc[2 + h], -limit), limit);
+            static_cast<__nv_bfloat16*>(y)[static_cast<int64_t>(g0 + j) * n_out + out_lo] =
+                __float2bfloat16_rn(gate / (1.0f + expf(-gate)) * up);
+          }
+        } else {
+          const int64_t dst = scatter_out ? order[g0 + j] : g0 + j;
+          float* yr = static_cast<float*>(y) + dst * n_out;
+          if (ok_lo) yr[out_lo] = acc[h];
+          if (ok_hi) yr[out_hi] = acc[2 + h];
+        }
+      }
+    }
+  }
+}
+
+// out[t] = Σ_k weights[t, k] · y[pos(t, k)], k in order; pos is the identity (y already in
+// (t, k) order) when `position` is null.
 __global__ void CombineKernel(const float* y, const int32_t* position, const float* weights,
                               int64_t top_k, int64_t dim, float* out) {
   const int64_t t = blockIdx.x;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
     float acc = 0;
     for (int64_t k = 0; k < top_k; ++k) {
-      acc += weights[t * top_k + k] * y[static_cast<int64_t>(position[t * top_k + k]) * dim + i];
+      const int64_t p = position != nullptr ? position[t * top_k + k] : t * top_k + k;
+      acc += weights[t * top_k + k] * y[p * dim + i];
     }
     out[t * dim + i] = acc;
   }
@@ -282,6 +546,43 @@ struct Workspace {
 };
 
 size_t Align(size_t n) { return (n + 255) / 256 * 256; }
+
+// Whether ExpertMmaKernel takes a reduction of length k_in (the staged group must fit in shared
+// memory) over these operands (16-byte vector loads).
+bool MmaFits(int64_t k_in) {
+  return k_in > 0 && k_in % kMmaKBlock == 0 &&
+         static_cast<size_t>(k_in) * kMmaTokens * sizeof(__nv_bfloat16) <= kMmaMaxSmemBytes;
+}
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Grid x of ExpertMmaKernel for n_out outputs: tiles of 16 rows (8 SwiGLU columns), whole tiles
+// per block. Depends on the shapes only (graph capture).
+template <bool kSwiGlu, int kSplitK>
+unsigned MmaBlocks(int64_t n_out) {
+  constexpr int64_t kPerTile = kSwiGlu ? 8 : 16;
+  constexpr int64_t kTilesPerBlock = kMmaWarps / kSplitK;
+  const int64_t tiles = (n_out + kPerTile - 1) / kPerTile;
+  return static_cast<unsigned>((tiles + kTilesPerBlock - 1) / kTilesPerBlock);
+}
+
+template <typename X, bool kSwiGlu, int kSplitK>
+absl::Status LaunchExpertMma(dim3 grid, cudaStream_t stream, const X* x, int64_t ldx,
+                             bool by_token, bool scatter_out, int64_t top_k,
+                             const __nv_bfloat16* weight, int64_t n_out, int64_t k_in,
+                             float limit, const int32_t* order, const int32_t* offsets,
+                             const int32_t* active, const int32_t* num_active,
+                             int32_t dense_rows, void* y) {
+  const size_t smem = static_cast<size_t>(k_in) * kMmaTokens * sizeof(__nv_bfloat16);
+  auto kernel = ExpertMmaKernel<X, kSwiGlu, kSplitK>;
+  CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(smem)));
+  kernel<<<grid, kMmaThreads, smem, stream>>>(x, ldx, by_token, scatter_out, top_k, weight, n_out,
+                                              k_in, limit, order, offsets, active, num_active,
+                                              dense_rows, y);
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
 
 size_t SortTempBytes(int64_t n) {
   size_t bytes = 0;
@@ -353,6 +654,13 @@ absl::Status SmallGemv(const float* x, int64_t m, int64_t k, const void* w, DTyp
   if (m > kSmallGemvMaxRows || k % 8 != 0) {
     return absl::InvalidArgumentError("SmallGemv: needs m <= 8 and k a multiple of 8");
   }
+  if (wdtype == DType::kBF16 && MmaFits(k) && Aligned16(x) && Aligned16(w)) {
+    // Tensor-core GEMV: 16-row tiles, K split over the 8 warps of a block for loads in flight.
+    return LaunchExpertMma<float, false, kGemvSplitK>(
+        dim3(MmaBlocks<false, kGemvSplitK>(n), 1), stream, x, k, false, false, 1,
+        static_cast<const __nv_bfloat16*>(w), n, k, 0.0f, nullptr, nullptr, nullptr, nullptr,
+        static_cast<int32_t>(m), y);
+  }
   constexpr int kRows = kGemvRowsPerWarp * kWarps;
   const dim3 grid(static_cast<unsigned>((n + kRows - 1) / kRows), 1);
   if (wdtype == DType::kBF16) {
@@ -388,11 +696,41 @@ absl::Status MoeExperts(const ExpertsDims& d, const float* u, const int32_t* idx
   CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(w.sort_temp, sort_bytes, idx, w.keys_out,
                                                        w.order_in, w.order, static_cast<int>(a), 0,
                                                        end_bit, stream));
-  OffsetsKernel<<<1, 256, 0, stream>>>(w.keys_out, a, d.experts, w.offsets, w.active, w.num_active);
-  CUDA_RETURN_IF_LAUNCH_ERROR();
-  InvertKernel<<<static_cast<unsigned>((a + 255) / 256), 256, 0, stream>>>(w.order, a, w.position);
+  const size_t offsets_smem = sizeof(int32_t) * static_cast<size_t>(d.experts);
+  if (offsets_smem > 48 * 1024) {
+    CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+        OffsetsKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(offsets_smem)));
+  }
+  OffsetsKernel<<<1, kOffsetsThreads, offsets_smem, stream>>>(w.keys_out, a, d.experts, w.offsets,
+                                                              w.active, w.num_active);
   CUDA_RETURN_IF_LAUNCH_ERROR();
   const unsigned max_active = static_cast<unsigned>(std::min<int64_t>(d.experts, a));
+  if (wdtype == DType::kBF16 && MmaFits(d.dim) && MmaFits(d.inter) && Aligned16(u) &&
+      Aligned16(gate_up) && Aligned16(down)) {
+    // Tensor-core path: gate_up with SwiGLU in its epilogue (h in bf16, the precision the down
+    // projection reads it at), then down writing y in (t, k) order for the combine.
+    __nv_bfloat16* h = reinterpret_cast<__nv_bfloat16*>(w.h);
+    if (absl::Status st = LaunchExpertMma<float, true, kMoeSplitK>(
+            dim3(MmaBlocks<true, kMoeSplitK>(d.inter), max_active), stream, u, d.dim, true, false,
+            d.top_k, static_cast<const __nv_bfloat16*>(gate_up), d.inter, d.dim, d.swiglu_limit,
+            w.order, w.offsets, w.active, w.num_active, 0, h);
+        !st.ok()) {
+      return st;
+    }
+    if (absl::Status st = LaunchExpertMma<__nv_bfloat16, false, kMoeSplitK>(
+            dim3(MmaBlocks<false, kMoeSplitK>(d.dim), max_active), stream, h, d.inter, false, true,
+            d.top_k, static_cast<const __nv_bfloat16*>(down), d.dim, d.inter, 0.0f, w.order,
+            w.offsets, w.active, w.num_active, 0, w.y);
+        !st.ok()) {
+      return st;
+    }
+    CombineKernel<<<static_cast<unsigned>(d.tokens), 256, 0, stream>>>(w.y, nullptr, weights,
+                                                                       d.top_k, d.dim, out);
+    CUDA_RETURN_IF_LAUNCH_ERROR();
+    return absl::OkStatus();
+  }
+  InvertKernel<<<static_cast<unsigned>((a + 255) / 256), 256, 0, stream>>>(w.order, a, w.position);
+  CUDA_RETURN_IF_LAUNCH_ERROR();
   const int64_t n_gu = 2 * d.inter;
   constexpr int kRows = kMoeRowsPerWarp * kWarps;
   const dim3 grid_gu(static_cast<unsigned>((n_gu + kRows - 1) / kRows), max_active);

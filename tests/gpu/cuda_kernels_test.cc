@@ -211,8 +211,14 @@ TEST(CudaOps, EmbedGatherExpandAddSwiGlu) {
 TEST(CudaOps, HyperConnectionsPrePostHead) {
   DSV4_REQUIRE_GPU();
   BackendPair p;
-  for (int64_t D : {4096, 128}) {
-    p.Begin({{0, 9}, {50, 1}, {0, 120}}, kBlock);
+  // Prefill-sized (130 tokens) and decode-sized (1 and 6 tokens) steps: the mixing kernel tiles
+  // tokens differently for each.
+  const std::vector<std::vector<SeqSpec>> layouts = {
+      {{0, 9}, {50, 1}, {0, 120}}, {{10, 1}}, {{3, 1}, {5, 1}, {0, 4}}};
+  for (int64_t D : {4096, 128})
+  for (const auto& layout : layouts) {
+    SCOPED_TRACE(layout.size());
+    p.Begin(layout, kBlock);
     const int64_t T = p.meta.num_tokens, n = 4, mix = (2 + n) * n;
     HcParams hp;
     hp.hc_mult = n;
@@ -456,6 +462,105 @@ TEST(CudaOps, AttentionSlidingCsaHcaWithSink) {
     ASSERT_TRUE(p.cpu.RingWrite(kv.c, ring.c).ok());
     ASSERT_TRUE(p.gpu->RingWrite(kv.g, ring.g).ok());
     EXPECT_TRUE(p.Same(ring, 0, 0));
+  }
+}
+
+// The bf16 tensor-core attention (the CUDA backend in bf16 precision) against the exact CPU
+// reference at the Flash shapes: decode batches of 1, 8 and 64 at mixed contexts (tokens with no
+// compressed entry yet: positions 0, 2, 3) through the split-KV path, and a prefill batch large
+// enough to run without key splits.
+// Tolerance. The kernel rounds q and the keys (= values) to bf16 (unit roundoff u = 2^-8) and the
+// probabilities P to bf16 for P.V; products accumulate in fp32 and the softmax is fp32. With
+// inputs that are already bf16 values (the main check) only the P rounding remains: the output is
+// sum_j w~_j v_j with w~_j = p_j (1 + e_j) / sum_i p_i (1 + e_i) (+ sink), |e_j| <= u, so
+// o~ - o ~= sum_j w_j e_j (v_j - o): at most 2u max|v| = 7.8e-3 in the worst case, and with
+// independent rounding std(e) = u / sqrt(3), |v_j - o| ~ 0.58 (v uniform in [-1, 1]) it has std
+// ~1.3e-3 / sqrt(N) for N roughly equal weights: <= 5.5e-4 for N >= 6 keys (atol 5e-3 is ~9
+// sigma over the ~2M outputs); tokens with one key are exact (p = 1) and with 2-5 keys rtol 1e-2
+// of |o| ~ 0.3 adds the margin. Raw fp32 inputs (batch 8) add the q/key rounding: values
+// sum_j w_j d_j with |d_j| <= u |v_j| (std ~1.3e-3 / sqrt(N) again) and logit errors
+// scale * sum_i (dq_i k_i + q_i dk_i) of std ~1e-3 (~6e-4 / sqrt(N) in o): atol 1e-2, rtol 2e-2.
+// The bf16 path must actually run (errors above fp32 rounding) and be bit-identical run to run.
+TEST(CudaOps, AttentionTensorCoreBf16) {
+  DSV4_REQUIRE_GPU();
+  BackendPair p(Precision::kBF16);
+  const int64_t H = 64, hd = 512, W = 128, topk = 512;
+  std::vector<SeqSpec> b64;
+  for (int32_t i = 0; i < 64; ++i) b64.push_back({i < 2 ? 3 * i : (i * 997) % 3000, 1});
+  struct Batch {
+    const char* name;
+    std::vector<SeqSpec> seqs;
+  };
+  const std::vector<Batch> batches = {
+      {"b1", {{65535, 1}}},
+      {"b8", {{2, 1}, {127, 1}, {130, 1}, {1000, 1}, {4095, 1}, {8191, 1}, {16383, 1}, {300, 1}}},
+      {"b64", b64},
+      {"prefill", {{100, 40}, {0, 300}}},
+  };
+  for (const Batch& batch : batches) {
+    for (const AttnCase& c : {AttnCase{"sliding", 0, false}, AttnCase{"csa", 4, false},
+                              AttnCase{"hca", 128, true}}) {
+      for (const bool raw : {false, true}) {
+        if (raw && std::string(batch.name) != "b8") continue;
+        SCOPED_TRACE(::testing::Message() << batch.name << " " << c.name << (raw ? " raw" : " bf16"));
+        p.Begin(batch.seqs, kBlock);
+        const int64_t T = p.meta.num_tokens, S = p.meta.num_seqs;
+        auto data = [&](int64_t n, uint32_t seed) {
+          auto v = RandomVec(n, seed);
+          return raw ? v : testing::RoundBf16(std::move(v));
+        };
+        auto fill = [&](const Both& t, const std::vector<float>& v) {
+          EXPECT_TRUE(p.cpu.CopyFromHost(v.data(), t.c).ok());
+          EXPECT_TRUE(p.gpu->CopyFromHost(v.data(), t.g).ok());
+        };
+        Both q = p.Input(Shape{T, H, hd}, data(T * H * hd, 80));
+        Both kv = p.Input(Shape{T, hd}, data(T * hd, 81));
+        Both ring = p.Pool(Shape{S, W, hd}, 0);
+        fill(ring, data(S * W * hd, 82));
+        Both sinks = p.Weight(Shape{H}, RandomVec(H, 83, -1, 1));
+        Both entries, selected;
+        if (c.ratio > 0) {
+          entries = p.Pool(Shape{p.blocks, kBlock / c.ratio, hd}, 0);
+          fill(entries, data(p.blocks * (kBlock / c.ratio) * hd, 84));
+        }
+        if (c.ratio > 0 && !c.dense) {
+          // A causal selection per token: random distinct visible entries, ascending, -1 padded.
+          std::vector<int32_t> sel(T * topk, -1);
+          std::mt19937 rng(85);
+          for (int64_t t = 0; t < T; ++t) {
+            const int32_t visible = (p.meta.positions[t] + 1) / static_cast<int32_t>(c.ratio);
+            std::vector<int32_t> all(visible);
+            std::iota(all.begin(), all.end(), 0);
+            std::shuffle(all.begin(), all.end(), rng);
+            all.resize(std::min<size_t>(all.size(), topk));
+            std::sort(all.begin(), all.end());
+            std::copy(all.begin(), all.end(), sel.begin() + t * topk);
+          }
+          selected = p.InputI(Shape{T, topk}, sel);
+        }
+        AttentionParams ap;
+        ap.window = W;
+        ap.ratio = c.ratio;
+        ap.dense_compressed = c.dense;
+        ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+        Both out = p.Scratch(DType::kF32, Shape{T, H, hd});
+        Both again = p.Scratch(DType::kF32, Shape{T, H, hd});
+        ASSERT_TRUE(
+            p.cpu.Attention(ap, q.c, kv.c, ring.c, entries.c, selected.c, sinks.c, out.c).ok());
+        absl::Status s = p.gpu->Attention(ap, q.g, kv.g, ring.g, entries.g, selected.g, sinks.g, out.g);
+        ASSERT_TRUE(s.ok()) << s;
+        s = p.gpu->Attention(ap, q.g, kv.g, ring.g, entries.g, selected.g, sinks.g, again.g);
+        ASSERT_TRUE(s.ok()) << s;
+        const std::vector<float> got = p.HostG(out.g), ref = p.HostC(out.c);
+        EXPECT_TRUE(Close(got, ref, raw ? 1e-2 : 5e-3, raw ? 2e-2 : 1e-2));
+        EXPECT_TRUE(got == p.HostG(again.g)) << "not bit-identical run to run";
+        double max_abs = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          max_abs = std::max(max_abs, std::fabs(static_cast<double>(got[i]) - ref[i]));
+        }
+        EXPECT_GT(max_abs, 2e-5) << "fp32-exact output: the bf16 tensor-core path did not run";
+      }
+    }
   }
 }
 

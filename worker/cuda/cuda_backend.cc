@@ -1,7 +1,10 @@
 #include "worker/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -25,6 +28,30 @@ constexpr int64_t kSmallGemvMaxN = 2048;
 size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 const float* F(const Tensor& t) { return t.empty() ? nullptr : t.ptr<float>(); }
+
+// Times one op while profiling (see OpProfile); the key is the op and its shapes.
+class ProfileScope {
+ public:
+  ProfileScope(OpProfile* p, cudaStream_t s, std::string_view op, const Tensor& a,
+               const Tensor& b = Tensor{})
+      : p_(p), s_(s) {
+    if (p_ == nullptr) return;
+    std::string key(op);
+    for (const Tensor* t : {&a, &b}) {
+      if (!t->empty()) absl::StrAppend(&key, " ", t->shape.ToString());
+    }
+    p_->Begin(std::move(key), s_);
+  }
+  ~ProfileScope() {
+    if (p_ != nullptr) p_->End(s_);
+  }
+  ProfileScope(const ProfileScope&) = delete;
+  ProfileScope& operator=(const ProfileScope&) = delete;
+
+ private:
+  OpProfile* p_;
+  cudaStream_t s_;
+};
 const int32_t* I(const Tensor& t) { return t.empty() ? nullptr : t.ptr<int32_t>(); }
 
 }  // namespace
@@ -37,13 +64,23 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   std::unique_ptr<CudaBackend> b(new CudaBackend(options));
   CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
   ASSIGN_OR_RETURN(b->stream_, CudaStream::Create());
+  ASSIGN_OR_RETURN(b->side_, CudaStream::Create());
+  ASSIGN_OR_RETURN(b->side_fork_, CudaEvent::Create(cudaEventDisableTiming));
+  ASSIGN_OR_RETURN(b->side_done_, CudaEvent::Create(cudaEventDisableTiming));
   ASSIGN_OR_RETURN(b->meta_copied_, CudaEvent::Create(cudaEventDisableTiming));
   ASSIGN_OR_RETURN(b->gemm_, cuda::Gemm::Create());
+  ASSIGN_OR_RETURN(b->side_gemm_, cuda::Gemm::Create());
+  if (const char* v = std::getenv("DSV4_PROFILE_OPS"); v != nullptr && std::string_view(v) == "1") {
+    ASSIGN_OR_RETURN(b->profile_, OpProfile::Create());
+  }
   return b;
 }
 
 CudaBackend::~CudaBackend() {
+  ProfileRelease();
+  if (side_.get() != nullptr) CUDA_LOG_IF_ERROR(cudaStreamSynchronize(side_.get()));
   if (stream_.get() != nullptr) CUDA_LOG_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+  if (profile_) std::fputs(profile_->Report().c_str(), stderr);
 }
 
 absl::StatusOr<Tensor> CudaBackend::AllocPersistent(DType dtype, Shape shape) {
@@ -112,30 +149,40 @@ absl::StatusOr<Tensor> CudaBackend::CreatePool(DType dtype, Shape shape) {
 }
 
 absl::StatusOr<Tensor> CudaBackend::Scratch(DType dtype, Shape shape) {
+  return Bump(&model_arena_, dtype, shape);
+}
+
+// Blocks are never freed or moved: captured graphs keep pointing into them.
+absl::StatusOr<Tensor> CudaBackend::Bump(Arena* arena, DType dtype, Shape shape) {
   Tensor t;
   t.dtype = dtype;
   t.shape = shape;
   const size_t bytes = AlignUp(std::max<size_t>(t.nbytes(), 1));
-  while (scratch_block_ < scratch_.size() &&
-         scratch_offset_ + bytes > scratch_[scratch_block_].bytes()) {
-    ++scratch_block_;
-    scratch_offset_ = 0;
+  while (arena->block < arena->blocks.size() &&
+         arena->offset + bytes > arena->blocks[arena->block].bytes()) {
+    ++arena->block;
+    arena->offset = 0;
   }
-  if (scratch_block_ == scratch_.size()) {
+  if (arena->block == arena->blocks.size()) {
     ASSIGN_OR_RETURN(DeviceBuffer block,
                      AllocDevice(std::max(options_.scratch_block_bytes, bytes)));
-    scratch_.push_back(std::move(block));
-    scratch_offset_ = 0;
+    arena->blocks.push_back(std::move(block));
+    arena->offset = 0;
   }
-  t.data = static_cast<char*>(scratch_[scratch_block_].get()) + scratch_offset_;
-  scratch_offset_ += bytes;
+  t.data = static_cast<char*>(arena->blocks[arena->block].get()) + arena->offset;
+  arena->offset += bytes;
   return t;
 }
 
 absl::Status CudaBackend::BeginStep(const StepMeta& meta) {
   CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
-  scratch_block_ = 0;
-  scratch_offset_ = 0;
+  if (pw_ != nullptr || eager_depth_ != 0 || on_side_ || side_pending_) {
+    return absl::FailedPreconditionError("cuda backend: a piecewise step or side region is open");
+  }
+  for (Arena* a : {&model_arena_, &op_arena_}) {
+    a->block = 0;
+    a->offset = 0;
+  }
   const int32_t T = meta.num_tokens, S = meta.num_seqs;
   const int64_t R = static_cast<int64_t>(meta.logit_rows.size());
   if (static_cast<int64_t>(meta.token_ids.size()) != T ||
@@ -155,6 +202,7 @@ absl::Status CudaBackend::BeginStep(const StepMeta& meta) {
     // Kernels of earlier steps may still read the old device buffer.
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
     ASSIGN_OR_RETURN(meta_dev_, AllocDevice(cap));
+    ++meta_generation_;  // graphs captured against the old buffer must be captured again
   }
   auto* host = static_cast<int32_t*>(meta_host_.get());
   auto* dev = static_cast<int32_t*>(meta_dev_.get());
@@ -183,12 +231,175 @@ absl::Status CudaBackend::BeginStep(const StepMeta& meta) {
   max_position_ = meta.positions.empty()
                       ? -1
                       : *std::max_element(meta.positions.begin(), meta.positions.end());
+  max_position_bound_ = meta.max_position_bound;
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream_.get()));
   CUDA_RETURN_IF_ERROR(cudaEventRecord(meta_copied_.get(), stream_.get()));
+  if (profile_) RETURN_IF_ERROR(profile_->Open(stream_.get()));
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> CudaBackend::Capturing() const {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream_.get(), &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+absl::Status CudaBackend::BeginCapture() {
+  // Relaxed: a first capture may still grow the scratch arenas (cudaMalloc) from this thread.
+  CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeRelaxed));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::BeginPiecewise(PiecewiseGraph* g, bool capture, EagerRegion region) {
+  if (pw_ != nullptr) return absl::FailedPreconditionError("a piecewise step is already open");
+  if (!capture && !g->captured) return absl::FailedPreconditionError("piecewise graph not captured");
+  pw_ = g;
+  pw_capture_ = capture;
+  pw_region_ = region;
+  pw_segment_ = 0;
+  eager_depth_ = 0;
+  if (capture) {
+    g->segments.clear();
+    g->arena_marks.clear();
+    g->captured = false;
+    return BeginCapture();
+  }
+  skip_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CutSegment() {
+  const std::pair<size_t, size_t> mark{model_arena_.block, model_arena_.offset};
+  if (pw_capture_) {
+    ASSIGN_OR_RETURN(CudaGraphExec seg, CudaGraphExec::EndCapture(stream_.get()));
+    pw_->segments.push_back(std::move(seg));
+    pw_->arena_marks.push_back(mark);
+  } else if (pw_segment_ >= pw_->segments.size() || pw_->arena_marks[pw_segment_] != mark) {
+    // The model's scratch addresses differ from the capture's: replaying would read and write
+    // the wrong memory.
+    return absl::InternalError(absl::StrCat("piecewise replay diverged from its capture at segment ",
+                                            pw_segment_));
+  }
+  RETURN_IF_ERROR(pw_->segments[pw_segment_].Launch(stream_.get()));
+  ++pw_segment_;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::EnterEager() {
+  if (pw_ == nullptr || eager_depth_++ > 0) return absl::OkStatus();
+  if (on_side_ || side_pending_) {
+    return absl::InternalError("piecewise cut inside a side region (join it first)");
+  }
+  skip_ = false;
+  return CutSegment();
+}
+
+absl::Status CudaBackend::LeaveEager() {
+  if (pw_ == nullptr || --eager_depth_ > 0) return absl::OkStatus();
+  if (pw_capture_) return BeginCapture();
+  skip_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Mark(StepMark mark) {
+  switch (mark) {
+    case StepMark::kSideBegin:
+      // Op profiling times one stream: side work stays on the main stream then.
+      if (profile_ || on_side_ || side_pending_) return absl::OkStatus();
+      CUDA_RETURN_IF_ERROR(cudaEventRecord(side_fork_.get(), stream_.get()));
+      CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side_.get(), side_fork_.get(), 0));
+      on_side_ = true;
+      return absl::OkStatus();
+    case StepMark::kSideEnd:
+      if (!on_side_) return absl::OkStatus();
+      on_side_ = false;
+      side_pending_ = true;
+      CUDA_RETURN_IF_ERROR(cudaEventRecord(side_done_.get(), side_.get()));
+      return absl::OkStatus();
+    case StepMark::kSideJoin:
+      if (!side_pending_) return absl::OkStatus();
+      side_pending_ = false;
+      CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_.get(), side_done_.get(), 0));
+      return absl::OkStatus();
+    default:
+      break;
+  }
+  if (pw_ == nullptr) return absl::OkStatus();
+  switch (mark) {
+    case StepMark::kAttentionBegin:
+      return pw_region_ == EagerRegion::kWide ? EnterEager() : absl::OkStatus();
+    case StepMark::kAttentionEnd:
+      return pw_region_ == EagerRegion::kWide ? LeaveEager() : absl::OkStatus();
+    case StepMark::kSideBegin:
+    case StepMark::kSideEnd:
+    case StepMark::kSideJoin:
+      break;
+    case StepMark::kLayersEnd: {
+      if (eager_depth_ != 0) return absl::InternalError("piecewise step ended inside an eager region");
+      skip_ = false;
+      absl::Status st = CutSegment();
+      if (st.ok() && !pw_capture_ && pw_segment_ != pw_->segments.size()) {
+        st = absl::InternalError("piecewise replay ended before its last segment");
+      }
+      if (st.ok() && pw_capture_) pw_->captured = true;
+      pw_ = nullptr;
+      return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
+void CudaBackend::AbortGraphs() {
+  absl::StatusOr<bool> capturing = Capturing();
+  if (capturing.ok() && *capturing) {
+    cudaGraph_t g = nullptr;
+    if (cudaStreamEndCapture(stream_.get(), &g) == cudaSuccess && g != nullptr) cudaGraphDestroy(g);
+    cudaGetLastError();
+  }
+  if (pw_ != nullptr && pw_capture_) {
+    pw_->segments.clear();
+    pw_->captured = false;
+  }
+  pw_ = nullptr;
+  eager_depth_ = 0;
+  skip_ = false;
+  if (on_side_ || side_pending_) {
+    // Join the side stream so that nothing is left behind on it.
+    cudaEventRecord(side_done_.get(), side_.get());
+    cudaStreamWaitEvent(stream_.get(), side_done_.get(), 0);
+    cudaGetLastError();
+  }
+  on_side_ = false;
+  side_pending_ = false;
+}
+
+std::vector<uintptr_t> CudaBackend::Baked(bool with_head) const {
+  auto p = [](const void* x) { return reinterpret_cast<uintptr_t>(x); };
+  std::vector<uintptr_t> baked = {
+      p(view_.token_ids), p(view_.positions), p(view_.token_seq), p(view_.seq_begin),
+      p(view_.seq_start_pos), p(view_.state_slot), p(view_.block_table),
+      static_cast<uintptr_t>(view_.num_tokens), static_cast<uintptr_t>(view_.num_seqs),
+      static_cast<uintptr_t>(view_.block_stride), static_cast<uintptr_t>(view_.block_size),
+      static_cast<uintptr_t>(max_position_bound_), static_cast<uintptr_t>(view_.force_indexer_scoring),
+      meta_generation_};
+  if (with_head) {
+    baked.push_back(p(logit_rows_));
+    baked.push_back(static_cast<uintptr_t>(num_logit_rows_));
+  }
+  return baked;
+}
+
+absl::StatusOr<int64_t> CudaBackend::LaunchMaxPosition() const {
+  ASSIGN_OR_RETURN(const bool capturing, Capturing());
+  if (!capturing) return max_position_;
+  if (max_position_bound_ < 0) {
+    return absl::FailedPreconditionError("graph capture needs StepMeta::max_position_bound");
+  }
+  return max_position_bound_;
+}
+
 absl::Status CudaBackend::CopyToHost(const Tensor& src, void* dst) {
+  ProfileRelease();
   CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost, stream_.get()));
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
@@ -201,24 +412,28 @@ absl::Status CudaBackend::CopyFromHost(const void* src, Tensor dst) {
 
 absl::Status CudaBackend::Embed(const Tensor& table, Tensor out) {
   RETURN_IF_ERROR(op_checks::Embed(table, out, view_.num_tokens));
+  if (skip()) return absl::OkStatus();
+  ProfileScope prof(profile_.get(), cur_stream(), "Embed", out);
   return cuda::Embed(table.data, table.dtype, table.dim(0), table.dim(1), view_, out.ptr<float>(),
-                     stream_.get());
+                     cur_stream());
 }
 
 absl::StatusOr<const void*> CudaBackend::MatrixOperand(const Tensor& x, const Tensor& w) {
   if (w.dtype == DType::kF32) return static_cast<const void*>(x.data);
-  ASSIGN_OR_RETURN(Tensor xb, Scratch(DType::kBF16, x.shape));
-  RETURN_IF_ERROR(cuda::CastToBf16(x.ptr<float>(), xb.ptr<uint16_t>(), x.numel(), stream_.get()));
+  ASSIGN_OR_RETURN(Tensor xb, OpScratch(DType::kBF16, x.shape));
+  RETURN_IF_ERROR(cuda::CastToBf16(x.ptr<float>(), xb.ptr<uint16_t>(), x.numel(), cur_stream()));
   return static_cast<const void*>(xb.data);
 }
 
 absl::Status CudaBackend::Linear(const Tensor& x, const Tensor& w, Tensor y) {
   RETURN_IF_ERROR(op_checks::Linear(x, w, y));
+  if (skip()) return absl::OkStatus();
+  ProfileScope prof(profile_.get(), cur_stream(), "Linear", x, w);
   // Single-row products with narrow outputs: the GEMV kernel spreads them over many blocks
   // (cuBLASLt picks few CTAs there); everything else stays with cuBLASLt.
   if (x.dim(0) == 1 && w.dim(0) <= kSmallGemvMaxN && w.dim(1) % 8 == 0) {
     return cuda::SmallGemv(x.ptr<float>(), x.dim(0), w.dim(1), w.data, w.dtype, w.dim(0),
-                           y.ptr<float>(), stream_.get());
+                           y.ptr<float>(), cur_stream());
   }
   ASSIGN_OR_RETURN(const void* xin, MatrixOperand(x, w));
   cuda::GemmShape s;
@@ -226,11 +441,13 @@ absl::Status CudaBackend::Linear(const Tensor& x, const Tensor& w, Tensor y) {
   s.n = w.dim(0);
   s.k = w.dim(1);
   s.dtype = w.dtype;
-  return gemm_->Run(s, xin, w.data, y.ptr<float>(), stream_.get());
+  return gemm().Run(s, xin, w.data, y.ptr<float>(), cur_stream());
 }
 
 absl::Status CudaBackend::GroupedLinear(const Tensor& x, const Tensor& w, int64_t groups, Tensor y) {
   RETURN_IF_ERROR(op_checks::GroupedLinear(x, w, groups, y));
+  if (skip()) return absl::OkStatus();
+  ProfileScope prof(profile_.get(), cur_stream(), "GroupedLinear", x, w);
   ASSIGN_OR_RETURN(const void* xin, MatrixOperand(x, w));
   cuda::GemmShape s;
   s.m = x.dim(0);
@@ -243,57 +460,59 @@ absl::Status CudaBackend::GroupedLinear(const Tensor& x, const Tensor& w, int64_
   s.stride_x = s.k;
   s.stride_w = s.n * s.k;
   s.stride_y = s.n;
-  return gemm_->Run(s, xin, w.data, y.ptr<float>(), stream_.get());
+  return gemm().Run(s, xin, w.data, y.ptr<float>(), cur_stream());
 }
 
 absl::Status CudaBackend::RmsNorm(const Tensor& x, const Tensor& weight, const RmsNormParams& p,
                                   Tensor y) {
   RETURN_IF_ERROR(op_checks::RmsNorm(x, weight, y));
+  if (skip()) return absl::OkStatus();
+  ProfileScope prof(profile_.get(), cur_stream(), "RmsNorm", x);
   const int64_t dim = x.dim(x.shape.rank - 1);
   return cuda::RmsNorm(x.ptr<float>(), F(weight), x.numel() / dim, dim, p.eps, y.ptr<float>(),
-                       stream_.get());
+                       cur_stream());
 }
 
 absl::Status CudaBackend::Rope(Tensor x, const RopeParams& p) {
   RETURN_IF_ERROR(op_checks::Rope(x, p, view_.num_tokens));
+  if (skip()) return absl::OkStatus();
+  ProfileScope prof(profile_.get(), cur_stream(), "Rope", x);
   return cuda::Rope(x.ptr<float>(), x.dim(0), x.dim(1), x.dim(2), p.rope_dims, F(p.inv_freq),
-                    view_.positions, p.inverse, stream_.get());
+                    view_.positions, p.inverse, cur_stream());
 }
 
 absl::Status CudaBackend::Add(const Tensor& a, const Tensor& b, Tensor out) {
   RETURN_IF_ERROR(op_checks::Add(a, b, out));
-  return cuda::Add(a.ptr<float>(), b.ptr<float>(), out.ptr<float>(), a.numel(), stream_.get());
+  if (skip()) return absl::OkStatus();
+  ProfileScope prof(profile_.get(), cur_stream(), "Add", a);
+  return cuda::Add(a.ptr<float>(), b.ptr<float>(), out.ptr<float>(), a.numel(), cur_stream());
 }
 
 absl::Status CudaBackend::GatherLogitRows(const Tensor& x, Tensor out) {
   RETURN_IF_ERROR(op_checks::GatherLogitRows(x, out, num_logit_rows_));
+  if (skip()) return absl::OkStatus();
+  ProfileScope prof(profile_.get(), cur_stream(), "GatherLogitRows", out);
   return cuda::GatherRows(x.ptr<float>(), x.dim(1), logit_rows_, num_logit_rows_, out.ptr<float>(),
-                          stream_.get());
+                          cur_stream());
 }
 
 absl::Status CudaBackend::HcExpand(const Tensor& x, Tensor hs) {
   RETURN_IF_ERROR(op_checks::HcExpand(x, hs));
+  if (skip()) return absl::OkStatus();
+  ProfileScope prof(profile_.get(), cur_stream(), "HcExpand", hs);
   return cuda::HcExpand(x.ptr<float>(), hs.dim(0), hs.dim(1), hs.dim(2), hs.ptr<float>(),
-                        stream_.get());
+                        cur_stream());
 }
 
 absl::StatusOr<Tensor> CudaBackend::HcMix(const Tensor& hs, const Tensor& fn) {
-  // mix [parts, T, rows] = flatten(hs) [T, n*D] · fn [rows, n*D]ᵀ in fp32: split-K for a few
-  // tokens (decode), a GEMM otherwise.
+  // mix [parts, T, rows + 1]: split-K partial sums of flatten(hs) [T, n*D] · fn [rows, n*D]ᵀ in
+  // fp32 plus, in the last column, the partial Σ hs² for the RMS scale (cuda/mhc.h). One kernel
+  // for every T: N = rows is far too narrow for a GEMM to pay off.
   const int64_t T = hs.dim(0), nd = hs.dim(1) * hs.dim(2), rows = fn.numel() / nd;
   const int64_t parts = cuda::HcMixParts(T, nd);
-  ASSIGN_OR_RETURN(Tensor mix, Scratch(DType::kF32, Shape{parts, T, rows}));
-  if (parts > 1) {
-    RETURN_IF_ERROR(cuda::HcMix(hs.ptr<float>(), T, nd, fn.ptr<float>(), rows, mix.ptr<float>(),
-                                stream_.get()));
-    return mix;
-  }
-  cuda::GemmShape s;
-  s.m = T;
-  s.n = rows;
-  s.k = nd;
-  s.dtype = DType::kF32;
-  RETURN_IF_ERROR(gemm_->Run(s, hs.data, fn.data, mix.ptr<float>(), stream_.get()));
+  ASSIGN_OR_RETURN(Tensor mix, OpScratch(DType::kF32, Shape{parts, T, rows + 1}));
+  RETURN_IF_ERROR(cuda::HcMix(hs.ptr<float>(), T, nd, fn.ptr<float>(), rows, mix.ptr<float>(),
+                              cur_stream()));
   return mix;
 }
 
@@ -301,31 +520,39 @@ absl::Status CudaBackend::HcPre(const Tensor& hs, const Tensor& fn, const Tensor
                                 const Tensor& scale, const HcParams& p, Tensor collapsed,
                                 Tensor post, Tensor comb) {
   RETURN_IF_ERROR(op_checks::HcPre(hs, fn, base, scale, p, collapsed, post, comb));
+  if (skip()) return absl::OkStatus();
+  ProfileScope prof(profile_.get(), cur_stream(), "HcPre", hs);
   ASSIGN_OR_RETURN(Tensor mix, HcMix(hs, fn));
   return cuda::HcPre(op_checks::HcShapeOf(hs, p), hs.ptr<float>(), mix.ptr<float>(), mix.dim(0), F(base), F(scale),
-                     collapsed.ptr<float>(), post.ptr<float>(), comb.ptr<float>(), stream_.get());
+                     collapsed.ptr<float>(), post.ptr<float>(), comb.ptr<float>(), cur_stream());
 }
 
 absl::Status CudaBackend::HcPost(const Tensor& hs, const Tensor& f, const Tensor& post,
                                  const Tensor& comb, Tensor out) {
   RETURN_IF_ERROR(op_checks::HcPost(hs, f, post, comb, out));
+  if (skip()) return absl::OkStatus();
+  ProfileScope prof(profile_.get(), cur_stream(), "HcPost", hs);
   HcParams p;
   p.hc_mult = hs.dim(1);
   return cuda::HcPost(op_checks::HcShapeOf(hs, p), hs.ptr<float>(), f.ptr<float>(), post.ptr<float>(),
-                      comb.ptr<float>(), out.ptr<float>(), stream_.get());
+                      comb.ptr<float>(), out.ptr<float>(), cur_stream());
 }
 
 absl::Status CudaBackend::HcHead(const Tensor& hs, const Tensor& fn, const Tensor& base,
                                  const Tensor& scale, const HcParams& p, Tensor y) {
   RETURN_IF_ERROR(op_checks::HcHead(hs, fn, base, scale, y));
+  if (skip()) return absl::OkStatus();
+  ProfileScope prof(profile_.get(), cur_stream(), "HcHead", hs);
   ASSIGN_OR_RETURN(Tensor mix, HcMix(hs, fn));
   return cuda::HcHead(op_checks::HcShapeOf(hs, p), hs.ptr<float>(), mix.ptr<float>(), mix.dim(0), F(base), F(scale),
-                      y.ptr<float>(), stream_.get());
+                      y.ptr<float>(), cur_stream());
 }
 
 absl::Status CudaBackend::Compress(const CompressParams& p, const Tensor& a, const Tensor& z,
                                    Tensor state, Tensor entries) {
   RETURN_IF_ERROR(op_checks::Compress(p, a, z, state, entries, view_.num_tokens, view_.block_size));
+  if (skip()) return absl::OkStatus();
+  ProfileScope prof(profile_.get(), cur_stream(), "Compress", a);
   cuda::CompressorDims d;
   d.ratio = p.ratio;
   d.overlap = p.overlap;
@@ -334,7 +561,7 @@ absl::Status CudaBackend::Compress(const CompressParams& p, const Tensor& a, con
   d.norm_eps = p.norm_eps;
   return cuda::Compress(d, view_, a.ptr<float>(), z.ptr<float>(), F(p.position_bias),
                         F(p.norm_weight), F(p.rope.inv_freq), state.ptr<float>(),
-                        entries.ptr<float>(), stream_.get());
+                        entries.ptr<float>(), cur_stream());
 }
 
 absl::Status CudaBackend::IndexerTopK(const IndexerParams& p, const Tensor& q,
@@ -348,15 +575,25 @@ absl::Status CudaBackend::IndexerTopK(const IndexerParams& p, const Tensor& q,
   d.topk = p.topk;
   d.weight_scale = p.weight_scale;
   d.score_scale = p.score_scale;
-  // Visible entries of the latest token: floor((pos + 1) / m).
-  const int64_t max_visible = (int64_t{max_position_} + 1) / p.ratio;
-  if (!view_.force_indexer_scoring && max_visible <= p.topk) {
-    return cuda::IndexerSelectAll(d, view_, out.ptr<int32_t>(), stream_.get());
+  RETURN_IF_ERROR(EnterEager());  // piecewise: the sparse scoring runs between segments
+  ProfileScope prof(profile_.get(), stream_.get(), "IndexerTopK", q, keys);
+  ASSIGN_OR_RETURN(const bool capturing, Capturing());
+  ASSIGN_OR_RETURN(const int64_t max_pos, LaunchMaxPosition());
+  // Visible entries of the latest token: floor((pos + 1) / m); the bound while capturing.
+  const int64_t max_visible = (max_pos + 1) / p.ratio;
+  // The short-context shortcut is a host decision on this step's positions: eager steps only.
+  const bool shortcut_allowed = !capturing || shortcut_in_capture_;
+  if (shortcut_allowed && !view_.force_indexer_scoring &&
+      (int64_t{max_position_} + 1) / p.ratio <= p.topk) {
+    RETURN_IF_ERROR(cuda::IndexerSelectAll(d, view_, out.ptr<int32_t>(), stream_.get()));
+    return LeaveEager();
   }
   ASSIGN_OR_RETURN(Tensor scores,
-                   Scratch(DType::kF32, Shape{view_.num_tokens, std::max<int64_t>(max_visible, 1)}));
-  return cuda::IndexerTopK(d, view_, q.ptr<float>(), weights.ptr<float>(), keys.ptr<float>(),
-                           max_visible, scores.ptr<float>(), out.ptr<int32_t>(), stream_.get());
+                   OpScratch(DType::kF32, Shape{view_.num_tokens, std::max<int64_t>(max_visible, 1)}));
+  RETURN_IF_ERROR(cuda::IndexerTopK(d, view_, q.ptr<float>(), weights.ptr<float>(),
+                                    keys.ptr<float>(), max_visible, scores.ptr<float>(),
+                                    out.ptr<int32_t>(), stream_.get()));
+  return LeaveEager();
 }
 
 absl::Status CudaBackend::Attention(const AttentionParams& p, const Tensor& q, const Tensor& kv,
@@ -372,43 +609,56 @@ absl::Status CudaBackend::Attention(const AttentionParams& p, const Tensor& q, c
   d.topk = selected.empty() ? 0 : selected.dim(1);
   d.dense_compressed = p.dense_compressed;
   d.scale = p.scale;
-  // Keys of the latest token: its window plus its visible (dense) or selected entries.
-  const int64_t upto = int64_t{max_position_} + 1;
+  // bf16 precision: tensor-core attention (bf16 q/keys/P, fp32 accumulate and softmax).
+  d.bf16_tensor_cores = matrix_dtype() == DType::kBF16;
+  RETURN_IF_ERROR(EnterEager());  // piecewise: the attention core runs between segments
+  ProfileScope prof(profile_.get(), stream_.get(), p.ratio == 0 ? "Attention sliding" : p.dense_compressed ? "Attention HCA" : "Attention CSA", q);
+  // Keys of the latest token: its window plus its visible (dense) or selected entries; sized by
+  // the capacity bound while capturing (the key splits are baked into the graph).
+  ASSIGN_OR_RETURN(const int64_t max_pos, LaunchMaxPosition());
+  const int64_t upto = max_pos + 1;
   const int64_t visible = p.ratio > 0 ? upto / p.ratio : 0;
   d.max_keys = std::min<int64_t>(p.window, upto) +
                (p.dense_compressed ? visible : std::min<int64_t>(visible, d.topk));
   float* ws = nullptr;
   if (const int64_t n = cuda::AttentionWorkspaceFloats(d, view_.num_tokens); n > 0) {
-    ASSIGN_OR_RETURN(Tensor w, Scratch(DType::kF32, Shape{n}));
+    ASSIGN_OR_RETURN(Tensor w, OpScratch(DType::kF32, Shape{n}));
     ws = w.ptr<float>();
   }
-  return cuda::Attention(d, view_, q.ptr<float>(), kv.ptr<float>(), ring.ptr<float>(),
-                         p.ratio > 0 ? F(entries) : nullptr, I(selected), F(sinks),
-                         out.ptr<float>(), ws, stream_.get());
+  RETURN_IF_ERROR(cuda::Attention(d, view_, q.ptr<float>(), kv.ptr<float>(), ring.ptr<float>(),
+                                  p.ratio > 0 ? F(entries) : nullptr, I(selected), F(sinks),
+                                  out.ptr<float>(), ws, stream_.get()));
+  return LeaveEager();
 }
 
 absl::Status CudaBackend::RingWrite(const Tensor& kv, Tensor ring) {
   RETURN_IF_ERROR(op_checks::RingWrite(kv, ring, view_.num_tokens));
+  if (skip()) return absl::OkStatus();
+  ProfileScope prof(profile_.get(), cur_stream(), "RingWrite", kv);
   return cuda::RingWrite(kv.ptr<float>(), ring.dim(2), ring.dim(1), view_, ring.ptr<float>(),
-                         stream_.get());
+                         cur_stream());
 }
 
 absl::Status CudaBackend::Route(const RouterParams& p, const Tensor& logits, const Tensor& bias,
                                 const Tensor& tid2eid, Tensor idx, Tensor weights) {
   RETURN_IF_ERROR(op_checks::Route(p, logits, bias, tid2eid, idx, weights, view_.num_tokens));
+  if (skip()) return absl::OkStatus();
+  ProfileScope prof(profile_.get(), cur_stream(), "Route", logits);
   cuda::RouterDims d;
   d.tokens = logits.dim(0);
   d.experts = logits.dim(1);
   d.top_k = p.top_k;
   d.routed_scale = p.routed_scale;
   return cuda::Route(d, logits.ptr<float>(), F(bias), p.hash ? I(tid2eid) : nullptr,
-                     view_.token_ids, idx.ptr<int32_t>(), weights.ptr<float>(), stream_.get());
+                     view_.token_ids, idx.ptr<int32_t>(), weights.ptr<float>(), cur_stream());
 }
 
 absl::Status CudaBackend::MoeExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,
                                      const Tensor& gate_up, const Tensor& down, float swiglu_limit,
                                      Tensor out) {
   RETURN_IF_ERROR(op_checks::MoeExperts(u, idx, weights, gate_up, down, out));
+  if (skip()) return absl::OkStatus();
+  ProfileScope prof(profile_.get(), cur_stream(), "MoeExperts", u, gate_up);
   cuda::ExpertsDims d;
   d.tokens = u.dim(0);
   d.dim = u.dim(1);
@@ -416,16 +666,18 @@ absl::Status CudaBackend::MoeExperts(const Tensor& u, const Tensor& idx, const T
   d.experts = gate_up.dim(0);
   d.top_k = idx.dim(1);
   d.swiglu_limit = swiglu_limit;
-  ASSIGN_OR_RETURN(Tensor ws, Scratch(DType::kU8, Shape{static_cast<int64_t>(cuda::MoeWorkspaceBytes(d))}));
+  ASSIGN_OR_RETURN(Tensor ws, OpScratch(DType::kU8, Shape{static_cast<int64_t>(cuda::MoeWorkspaceBytes(d))}));
   return cuda::MoeExperts(d, u.ptr<float>(), idx.ptr<int32_t>(), weights.ptr<float>(),
                           gate_up.data, down.data, gate_up.dtype, ws.data, out.ptr<float>(),
-                          stream_.get());
+                          cur_stream());
 }
 
 absl::Status CudaBackend::SwiGlu(const Tensor& gate_up, float limit, Tensor h) {
   RETURN_IF_ERROR(op_checks::SwiGlu(gate_up, h));
+  if (skip()) return absl::OkStatus();
+  ProfileScope prof(profile_.get(), cur_stream(), "SwiGlu", gate_up);
   return cuda::SwiGlu(gate_up.ptr<float>(), h.dim(0), h.dim(1), limit, h.ptr<float>(),
-                      stream_.get());
+                      cur_stream());
 }
 
 }  // namespace dsv4

@@ -5,10 +5,21 @@
 //
 // Per-step metadata (token ids, positions, block tables, ...) is packed on the host into a pinned
 // staging buffer and copied with one transfer into a persistent device buffer whose address stays
-// fixed while its capacity suffices (what captured graphs need). The host also derives the
-// indexer's launch choice: when no token can see more than top-k compressed entries and scoring is
-// not forced, the select-all kernel runs alone (the short-context shortcut); forced scoring always
-// launches the scorer.
+// fixed while its capacity suffices; the packing is a function of the step's (padded) shape, so
+// every step of one graph shape reads the same addresses (Baked() lists them for the check at
+// replay).
+//
+// Host-side launch choices (docs/cuda-graphs.md):
+//   * eagerly, they follow this step's positions: the indexer's short-context shortcut (when no
+//     token sees more than top-k compressed entries and scoring is not forced, the select-all
+//     kernel runs alone), the scorer's candidate bound and attention's key splits;
+//   * while the stream is capturing, they follow the capacity bound (StepMeta::max_position_bound)
+//     and the shortcut is never taken, so a graph captured at short context stays exact on long
+//     prefixes (the vLLM #52448 failure). set_shortcut_in_capture(true) re-enables the bug, for
+//     the regression test's self-check only.
+//
+// Scratch comes from two bump arenas: the model's (Scratch(), deterministic for one step shape,
+// so piecewise replays see the capture's addresses) and the ops' own temporaries.
 //
 // Not thread-safe; the device is made current on the calling thread in BeginStep().
 #pragma once
@@ -19,9 +30,22 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/ragged_batch.h"
 #include "worker/cuda/device_memory.h"
+#include "worker/cuda/op_profile.h"
 #include "worker/model/backend.h"
 
 namespace dsv4 {
+
+// The piecewise graphs of one padded step shape: the layers cut into segments at the eager
+// regions, launched in order between the eager ops.
+struct PiecewiseGraph {
+  std::vector<CudaGraphExec> segments;
+  std::vector<std::pair<size_t, size_t>> arena_marks;  // model-arena position at each cut
+  bool captured = false;
+};
+
+// What runs eagerly between piecewise segments: the sparse indexer scoring and the attention core
+// (narrow), or each layer's whole attention block (wide; for comparison).
+enum class EagerRegion { kNarrow, kWide };
 
 struct CudaBackendOptions {
   int device = 0;
@@ -40,6 +64,7 @@ class CudaBackend final : public Backend {
   absl::StatusOr<Tensor> CreatePool(DType dtype, Shape shape) override;
   absl::StatusOr<Tensor> Scratch(DType dtype, Shape shape) override;
   absl::Status BeginStep(const StepMeta& meta) override;
+  absl::Status Mark(StepMark mark) override;
   absl::Status CopyToHost(const Tensor& src, void* dst) override;
   absl::Status CopyFromHost(const void* src, Tensor dst) override;
 
@@ -82,26 +107,86 @@ class CudaBackend final : public Backend {
   // Copies host data into device memory on the stream (pinned staging not required); waits.
   absl::Status Upload(const void* src, void* dst, size_t bytes);
 
+  // ---- graphs (docs/cuda-graphs.md) ----
+  // Whether the stream is capturing now.
+  absl::StatusOr<bool> Capturing() const;
+  // FULL graphs: starts capturing the stream (after BeginStep); the caller issues the forward and
+  // its own launches, then ends with CudaGraphExec::EndCapture(stream()).
+  absl::Status BeginCapture();
+  // PIECEWISE: after BeginStep, runs the step's layers through `g`: capture = true records the
+  // segments while executing the step, false replays them (the non-eager ops only stage their
+  // scratch). Ends at Mark(kLayersEnd); the head runs eagerly.
+  absl::Status BeginPiecewise(PiecewiseGraph* g, bool capture, EagerRegion region);
+  // Ends a capture or a piecewise run left open by an error.
+  void AbortGraphs();
+  // The device addresses and shape scalars a captured step bakes in (metadata arrays, strides);
+  // `with_head`: also the logit rows (FULL graphs capture the head, piecewise graphs do not).
+  std::vector<uintptr_t> Baked(bool with_head) const;
+  // Debug only: take the indexer shortcut even while capturing (reproduces vLLM #52448).
+  void set_shortcut_in_capture(bool on) { shortcut_in_capture_ = on; }
+
+  // Op profiling (DSV4_PROFILE_OPS=1, worker/cuda/op_profile.h): null when off.
+  OpProfile* profile() { return profile_.get(); }
+  // The step's ops are issued: let them run (before waiting on the stream), then collect.
+  void ProfileRelease() {
+    if (profile_) profile_->Release();
+  }
+  absl::Status ProfileCollect() { return profile_ ? profile_->Collect() : absl::OkStatus(); }
+
  private:
+  struct Arena {
+    std::vector<DeviceBuffer> blocks;
+    size_t block = 0, offset = 0;
+  };
   explicit CudaBackend(const CudaBackendOptions& options) : options_(options) {}
   absl::StatusOr<Tensor> AllocPersistent(DType dtype, Shape shape);
+  absl::StatusOr<Tensor> Bump(Arena* arena, DType dtype, Shape shape);
+  // An op's own temporary (the ops' arena).
+  absl::StatusOr<Tensor> OpScratch(DType dtype, Shape shape) { return Bump(&op_arena_, dtype, shape); }
+  // The stream ops launch on: the side stream between StepMark::kSideBegin and kSideEnd (the
+  // compressors overlap the query path; joined by events, captured as graph branches).
+  cudaStream_t cur_stream() const { return on_side_ ? side_.get() : stream_.get(); }
+  // Positions the host sizes launches by: the capacity bound while capturing, else this step's.
+  absl::StatusOr<int64_t> LaunchMaxPosition() const;
+  // Piecewise cuts: EnterEager ends (capture) or launches (replay) the current segment; LeaveEager
+  // resumes capturing or skipping.
+  absl::Status EnterEager();
+  absl::Status LeaveEager();
+  absl::Status CutSegment();
+  // Replaying a piecewise segment: the op's launches are in the graph.
+  bool skip() const { return skip_; }
   absl::StatusOr<const void*> MatrixOperand(const Tensor& x, const Tensor& w);
   absl::StatusOr<Tensor> HcMix(const Tensor& hs, const Tensor& fn);
 
   CudaBackendOptions options_;
+  std::unique_ptr<OpProfile> profile_;
   CudaStream stream_;
+  CudaStream side_;
+  CudaEvent side_fork_, side_done_;
+  bool on_side_ = false, side_pending_ = false;
   CudaEvent meta_copied_;
   std::unique_ptr<cuda::Gemm> gemm_;
+  std::unique_ptr<cuda::Gemm> side_gemm_;  // its own cuBLASLt workspace: runs concurrently
+  cuda::Gemm& gemm() { return on_side_ ? *side_gemm_ : *gemm_; }
   std::vector<DeviceBuffer> persistent_;
   size_t persistent_bytes_ = 0;
-  std::vector<DeviceBuffer> scratch_;
-  size_t scratch_block_ = 0, scratch_offset_ = 0;
+  Arena model_arena_, op_arena_;
   DeviceBuffer meta_dev_;
+  uint64_t meta_generation_ = 0;  // bumped when meta_dev_ moves
   PinnedBuffer meta_host_;
   RaggedBatchView view_;
   const int32_t* logit_rows_ = nullptr;
   int32_t num_logit_rows_ = 0;
   int32_t max_position_ = -1;
+  int32_t max_position_bound_ = -1;
+  bool shortcut_in_capture_ = false;
+  // Piecewise state.
+  PiecewiseGraph* pw_ = nullptr;
+  bool pw_capture_ = false;
+  EagerRegion pw_region_ = EagerRegion::kNarrow;
+  int eager_depth_ = 0;
+  size_t pw_segment_ = 0;
+  bool skip_ = false;
 };
 
 }  // namespace dsv4

@@ -1,7 +1,9 @@
 #include "worker/cuda/cuda_worker.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -31,14 +33,42 @@ class Packer {
   size_t off_ = 0;
 };
 
+// Masked ids (min-tokens) a FULL graph's buffer holds; more runs the step eagerly.
+constexpr int64_t kGraphMaskIds = 4096;
+
+bool EnvFlag(const char* name, std::string_view on = "1") {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::string_view(v) == on;
+}
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// A row that samples greedily with no penalties: FULL graphs sample every padded row.
+cuda::SampleRow InertRow() {
+  cuda::SampleRow row{};
+  row.top_p = 1;
+  row.repetition_penalty = 1;
+  row.counts_row = -1;
+  return row;
+}
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<CudaWorker>> CudaWorker::Create(std::unique_ptr<Dsv4Model> model) {
+
+absl::StatusOr<std::unique_ptr<CudaWorker>> CudaWorker::Create(std::unique_ptr<Dsv4Model> model,
+                                                               CudaGraphOptions graphs) {
   auto* backend = dynamic_cast<CudaBackend*>(&model->backend());
   if (backend == nullptr) return absl::InvalidArgumentError("CudaWorker needs a CudaBackend model");
   std::unique_ptr<CudaWorker> w(new CudaWorker());
   w->backend_ = backend;
   w->model_ = std::move(model);
+  graphs.enforce_eager |= EnvFlag("DSV4_ENFORCE_EAGER");
+  graphs.wide_eager_region |= EnvFlag("DSV4_PIECEWISE_EAGER_REGION", "wide");
+  graphs.shortcut_in_capture |= EnvFlag("DSV4_DEBUG_INDEXER_SHORTCUT_IN_CAPTURE");
+  w->options_ = graphs;
+  backend->set_shortcut_in_capture(graphs.shortcut_in_capture);
   return w;
 }
 
@@ -49,7 +79,13 @@ WorkerInfo CudaWorker::info() const {
   w.num_slots = model_->cache().num_slots;
   w.block_size = model_->cache().block_size;
   w.max_model_len = model_->cache().max_model_len;
+  w.cuda_graphs = true;
   return w;
+}
+
+void CudaWorker::ClearGraphs() {
+  full_.clear();
+  piecewise_.clear();
 }
 
 absl::Status CudaWorker::EnsureCounts() {
@@ -60,6 +96,78 @@ absl::Status CudaWorker::EnsureCounts() {
   ASSIGN_OR_RETURN(outputs_, AllocDevice(bytes));
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(seen_.get(), 0, bytes, backend_->stream()));
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(outputs_.get(), 0, bytes, backend_->stream()));
+  return absl::OkStatus();
+}
+
+// The staged FULL step: uploads its sampling rows into the graph's own buffer, captures the
+// graph when it has none (or a baked address moved), launches it and queues the outputs' copy
+// back into `host_outs`.
+absl::Status CudaWorker::RunFull(int32_t padded, int64_t rows, const void* host_rows,
+                                 const void* host_mask, int64_t masked, GraphRun* run,
+                                 const void** outs) {
+  cudaStream_t stream = backend_->stream();
+  FullGraph& g = full_[padded];
+  const size_t rows_bytes = sizeof(cuda::SampleRow) * rows;
+  const size_t outs_bytes = sizeof(cuda::SampleOut) * rows;
+  if (g.io.get() == nullptr || g.rows != rows) {
+    ASSIGN_OR_RETURN(g.io, AllocDevice(rows_bytes + outs_bytes + sizeof(int32_t) * kGraphMaskIds));
+    g.rows = static_cast<int32_t>(rows);
+    g.captured = false;
+  }
+  char* io = static_cast<char*>(g.io.get());
+  auto* dev_rows = reinterpret_cast<cuda::SampleRow*>(io);
+  auto* dev_outs = reinterpret_cast<cuda::SampleOut*>(io + rows_bytes);
+  auto* dev_mask = reinterpret_cast<int32_t*>(io + rows_bytes + outs_bytes);
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev_rows, host_rows, rows_bytes, cudaMemcpyHostToDevice, stream));
+  if (masked > 0) {
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev_mask, host_mask, sizeof(int32_t) * masked,
+                                         cudaMemcpyHostToDevice, stream));
+  }
+  const int64_t vocab = model_->config().vocab_size;
+  auto* seen = static_cast<int32_t*>(seen_.get());
+  auto* outputs = static_cast<int32_t*>(outputs_.get());
+  // The forward and the sampling, as issued eagerly or into a capture.
+  auto issue = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(Tensor logits, model_->RunForward());
+    ASSIGN_OR_RETURN(Tensor work, backend_->Scratch(DType::kF32, Shape{rows, vocab}));
+    return cuda::Sample(logits.ptr<float>(), rows, vocab, dev_rows, dev_mask, seen, outputs,
+                        work.ptr<float>(), dev_outs, stream);
+  };
+  std::vector<uintptr_t> baked = backend_->Baked(/*with_head=*/true);
+  baked.push_back(reinterpret_cast<uintptr_t>(seen));
+  baked.push_back(reinterpret_cast<uintptr_t>(outputs));
+  if (!g.captured || g.baked != baked) {
+    if (g.captured) ++stats_.recaptures;
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::Status st = backend_->BeginCapture();
+    if (st.ok()) st = issue();
+    absl::StatusOr<CudaGraphExec> exec =
+        st.ok() ? CudaGraphExec::EndCapture(stream) : absl::StatusOr<CudaGraphExec>(st);
+    if (!exec.ok()) {
+      // Nothing ran during the capture: the staged step still runs, eagerly.
+      backend_->AbortGraphs();
+      g.failed = true;
+      g.captured = false;
+      ++run->capture_failures;
+      ++stats_.fallbacks;
+      run->fallback = true;
+      run->mode = GraphMode::kEager;
+      RETURN_IF_ERROR(issue());
+      *outs = dev_outs;
+      return absl::OkStatus();
+    }
+    g.exec = *std::move(exec);
+    g.baked = std::move(baked);
+    g.captured = true;
+    ++run->captures;
+    ++stats_.full_captures;
+    run->capture_seconds += Since(t0);
+  }
+  RETURN_IF_ERROR(g.exec.Launch(stream));
+  ++run->replays;
+  ++stats_.full_replays;
+  run->mode = GraphMode::kFull;
+  *outs = dev_outs;
   return absl::OkStatus();
 }
 
@@ -84,15 +192,37 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
   }
   if (penalties) RETURN_IF_ERROR(EnsureCounts());
 
+  // The graph to run: the plan's, unless this step cannot use it.
+  GraphMode mode = plan.graph_mode;
+  const int64_t T = plan.num_tokens(), S = static_cast<int64_t>(plan.seqs.size());
+  const int32_t padded = plan.padded_tokens;
+  const int32_t padded_seqs = std::min(padded, model_->cache().num_slots + 1);
+  if (mode != GraphMode::kEager) {
+    const bool fits = padded >= T && S + (T < padded ? 1 : 0) <= padded_seqs;
+    const bool full_ok = mode != GraphMode::kFull ||
+                         (masked <= kGraphMaskIds && !full_[padded].failed);
+    // Op profiling times eager launches only.
+    if (options_.enforce_eager || !fits || !full_ok || backend_->profile() != nullptr) {
+      mode = GraphMode::kEager;
+      result.graph.fallback = true;
+      ++stats_.fallbacks;
+    }
+  }
+  result.graph.mode = mode;
+  const bool full = mode == GraphMode::kFull;
+  // FULL graphs sample one row per padded sequence (row i = sequence i); otherwise one row per
+  // sampled sequence.
+  const int64_t sample_rows = full ? padded_seqs : rows;
+
   // Host staging: sampling rows, mask ids, count updates; one transfer.
   Packer pack;
-  const size_t at_rows = pack.Add<cuda::SampleRow>(rows);
+  const size_t at_rows = pack.Add<cuda::SampleRow>(sample_rows);
   const size_t at_mask = pack.Add<int32_t>(masked);
   const size_t at_reset = pack.Add<int32_t>(resets);
   const size_t at_crow = pack.Add<int32_t>(counted_tokens);
   const size_t at_ctok = pack.Add<int32_t>(counted_tokens);
   const size_t at_cout = pack.Add<uint8_t>(counted_tokens);
-  const size_t at_out = pack.Add<cuda::SampleOut>(rows);
+  const size_t at_out = pack.Add<cuda::SampleOut>(sample_rows);
   if (staging_.bytes() < pack.size()) {
     const size_t cap = pack.size() * 2;
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(backend_->stream()));
@@ -101,14 +231,16 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
   }
   char* h = static_cast<char*>(staging_.get());
   char* d = static_cast<char*>(staging_dev_.get());
-  auto* sample_rows = reinterpret_cast<cuda::SampleRow*>(h + at_rows);
+  auto* sample_rows_h = reinterpret_cast<cuda::SampleRow*>(h + at_rows);
   auto* mask = reinterpret_cast<int32_t*>(h + at_mask);
   auto* reset = reinterpret_cast<int32_t*>(h + at_reset);
   auto* crow = reinterpret_cast<int32_t*>(h + at_crow);
   auto* ctok = reinterpret_cast<int32_t*>(h + at_ctok);
   auto* cout = reinterpret_cast<uint8_t*>(h + at_cout);
+  if (full) std::fill(sample_rows_h, sample_rows_h + sample_rows, InertRow());
   int64_t r = 0, m = 0, nr = 0, nc = 0;
-  for (const ScheduledSeq& s : plan.seqs) {
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& s = plan.seqs[i];
     const bool counts = s.sampling != nullptr && UsesPenalties(*s.sampling);
     if (counts) {
       if (s.start_pos == 0) reset[nr++] = s.state_slot;
@@ -121,7 +253,7 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
     }
     if (!s.sample) continue;
     const SamplingSpec& spec = *s.sampling;
-    cuda::SampleRow& row = sample_rows[r++];
+    cuda::SampleRow& row = sample_rows_h[full ? static_cast<int64_t>(i) : r++];
     row.temperature = spec.temperature;
     row.top_p = spec.top_p;
     row.min_p = spec.min_p;
@@ -142,7 +274,12 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
   std::vector<int32_t> seq_rows;
   StepOptions options;
   options.force_indexer_scoring = plan.force_indexer_scoring;
-  ASSIGN_OR_RETURN(Tensor logits, model_->StepToBackend(steps, options, &seq_rows));
+  if (mode != GraphMode::kEager) {
+    options.padded_tokens = padded;
+    options.padded_seqs = padded_seqs;
+    options.logits_per_seq = full;
+  }
+  RETURN_IF_ERROR(model_->PrepareStep(steps, options, &seq_rows));
   cudaStream_t stream = backend_->stream();
   const size_t upload = at_out;  // everything before the outputs
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d, h, upload, cudaMemcpyHostToDevice, stream));
@@ -156,22 +293,64 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
                                        reinterpret_cast<const uint8_t*>(d + at_cout), nc, vocab,
                                        seen, outputs, stream));
   }
-  if (rows > 0) {
-    ASSIGN_OR_RETURN(Tensor work, backend_->Scratch(DType::kF32, Shape{rows, vocab}));
-    RETURN_IF_ERROR(cuda::Sample(logits.ptr<float>(), rows, vocab,
-                                 reinterpret_cast<const cuda::SampleRow*>(d + at_rows),
-                                 reinterpret_cast<const int32_t*>(d + at_mask), seen, outputs,
-                                 work.ptr<float>(), reinterpret_cast<cuda::SampleOut*>(d + at_out),
-                                 stream));
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h + at_out, d + at_out, sizeof(cuda::SampleOut) * rows,
+  const void* outs_dev = d + at_out;
+  if (full) {
+    RETURN_IF_ERROR(RunFull(padded, sample_rows, sample_rows_h, mask, masked, &result.graph,
+                            &outs_dev));
+  } else {
+    absl::StatusOr<Tensor> logits;
+    if (mode == GraphMode::kPiecewise) {
+      PiecewiseEntry& e = piecewise_[padded];
+      std::vector<uintptr_t> baked = backend_->Baked(/*with_head=*/false);
+      const bool capture = !e.graph.captured || e.baked != baked;
+      if (capture && e.graph.captured) ++stats_.recaptures;
+      const auto tc = std::chrono::steady_clock::now();
+      RETURN_IF_ERROR(backend_->BeginPiecewise(
+          &e.graph, capture,
+          options_.wide_eager_region ? EagerRegion::kWide : EagerRegion::kNarrow));
+      logits = model_->RunForward();
+      if (!logits.ok()) {
+        backend_->AbortGraphs();
+        return logits.status();
+      }
+      if (capture) {
+        e.baked = std::move(baked);
+        ++result.graph.captures;
+        ++stats_.piecewise_captures;
+        result.graph.capture_seconds += Since(tc);
+      } else {
+        ++stats_.piecewise_replays;
+      }
+      for (const CudaGraphExec& seg : e.graph.segments) result.graph.replays += seg.empty() ? 0 : 1;
+    } else {
+      logits = model_->RunForward();
+    }
+    RETURN_IF_ERROR(logits.status());
+    if (rows > 0) {
+      if (OpProfile* prof = backend_->profile()) prof->Begin("Sample", stream);
+      ASSIGN_OR_RETURN(Tensor work, backend_->Scratch(DType::kF32, Shape{rows, vocab}));
+      RETURN_IF_ERROR(cuda::Sample(logits->ptr<float>(), rows, vocab,
+                                   reinterpret_cast<const cuda::SampleRow*>(d + at_rows),
+                                   reinterpret_cast<const int32_t*>(d + at_mask), seen, outputs,
+                                   work.ptr<float>(), reinterpret_cast<cuda::SampleOut*>(d + at_out),
+                                   stream));
+      if (OpProfile* prof = backend_->profile()) prof->End(stream);
+    }
+  }
+  if (sample_rows > 0) {
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h + at_out, outs_dev,
+                                         sizeof(cuda::SampleOut) * sample_rows,
                                          cudaMemcpyDeviceToHost, stream));
   }
+  backend_->ProfileRelease();
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  RETURN_IF_ERROR(backend_->ProfileCollect());
   const auto* outs = reinterpret_cast<const cuda::SampleOut*>(h + at_out);
   r = 0;
-  for (const ScheduledSeq& s : plan.seqs) {
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& s = plan.seqs[i];
     if (!s.sample) continue;
-    const cuda::SampleOut& o = outs[r++];
+    const cuda::SampleOut& o = outs[full ? static_cast<int64_t>(i) : r++];
     SampledToken t;
     t.request_id = s.request_id;
     t.token = o.token;
@@ -183,8 +362,7 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
     }
     result.sampled.push_back(std::move(t));
   }
-  result.execute_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  result.execute_seconds = Since(t0);
   return result;
 }
 

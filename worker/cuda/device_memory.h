@@ -1,5 +1,5 @@
 // RAII owners of CUDA resources used by the GPU worker: device buffers, pinned host buffers,
-// streams and events. Move-only; destructors log (never throw) on failure.
+// streams, events and instantiated graphs. Move-only; destructors log (never throw) on failure.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -100,6 +100,40 @@ class CudaEvent {
 
  private:
   cudaEvent_t e_ = nullptr;
+};
+
+// An instantiated CUDA graph. Empty (nothing to launch) when the captured graph had no nodes.
+class CudaGraphExec {
+ public:
+  CudaGraphExec() = default;
+  CudaGraphExec(CudaGraphExec&& o) noexcept : g_(std::exchange(o.g_, nullptr)) {}
+  CudaGraphExec& operator=(CudaGraphExec&& o) noexcept {
+    std::swap(g_, o.g_);
+    return *this;
+  }
+  ~CudaGraphExec() {
+    if (g_ != nullptr) CUDA_LOG_IF_ERROR(cudaGraphExecDestroy(g_));
+  }
+  // Ends the capture on `stream` and instantiates what was captured.
+  static absl::StatusOr<CudaGraphExec> EndCapture(cudaStream_t stream) {
+    cudaGraph_t graph = nullptr;
+    CUDA_RETURN_IF_ERROR(cudaStreamEndCapture(stream, &graph));
+    CudaGraphExec e;
+    size_t nodes = 0;
+    cudaError_t err = cudaGraphGetNodes(graph, nullptr, &nodes);
+    if (err == cudaSuccess && nodes > 0) err = cudaGraphInstantiate(&e.g_, graph, 0);
+    CUDA_LOG_IF_ERROR(cudaGraphDestroy(graph));
+    CUDA_RETURN_IF_ERROR(err);
+    return e;
+  }
+  absl::Status Launch(cudaStream_t stream) const {
+    if (g_ != nullptr) CUDA_RETURN_IF_ERROR(cudaGraphLaunch(g_, stream));
+    return absl::OkStatus();
+  }
+  bool empty() const { return g_ == nullptr; }
+
+ private:
+  cudaGraphExec_t g_ = nullptr;
 };
 
 }  // namespace dsv4

@@ -23,7 +23,8 @@ absl::StatusOr<std::unique_ptr<Worker>> BuildWorker(const CudaWorkerSpec& spec) 
     ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(spec.model_dir));
     ASSIGN_OR_RETURN(model, Dsv4Model::Load(spec.config, *ckpt, std::move(backend), spec.cache));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<CudaWorker> worker, CudaWorker::Create(std::move(model)));
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaWorker> worker,
+                   CudaWorker::Create(std::move(model), spec.graphs));
   return std::unique_ptr<Worker>(std::move(worker));
 }
 

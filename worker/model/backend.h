@@ -41,8 +41,26 @@ struct StepMeta {
   int32_t block_size = 0;              // tokens per context block
   std::vector<int32_t> logit_rows;     // token indices whose logits are returned
   // Lightning indexer: score even when all visible candidates fit in top-k (the short-context
-  // shortcut is off). Captured GPU graphs must run with this set.
+  // shortcut is off).
   bool force_indexer_scoring = false;
+  // Capacity bound on any position (max_model_len - 1). Host-side launch choices that are
+  // captured into a CUDA graph are sized by this bound, never by this step's positions: a graph
+  // captured at short context must stay correct when replayed on long cached prefixes.
+  int32_t max_position_bound = -1;
+};
+
+// Points in the forward pass the model announces to the backend (the CUDA backend cuts its
+// piecewise graphs there).
+enum class StepMark {
+  kAttentionBegin,  // the attention block of a layer starts (after its input norm)
+  kAttentionEnd,    // it ended (its output projection is done)
+  kLayersEnd,       // the last layer is done; the head follows
+  // Side work (the compressors of a layer): ops between kSideBegin and kSideEnd depend only on
+  // what came before kSideBegin, and nothing reads their results before kSideJoin, so a backend
+  // may run them concurrently with the ops that follow kSideEnd.
+  kSideBegin,
+  kSideEnd,
+  kSideJoin,
 };
 
 // The step's metadata as a view over the host arrays of `meta` (valid while `meta` lives).
@@ -145,6 +163,8 @@ class Backend {
   // Starts a step: scratch is recycled and `meta` is staged for the ops. `meta` must outlive the
   // step.
   virtual absl::Status BeginStep(const StepMeta& meta) = 0;
+  // A point of the forward pass (see StepMark); no-op by default.
+  virtual absl::Status Mark(StepMark) { return absl::OkStatus(); }
   // Copies a tensor to host memory of at least src.nbytes() bytes; waits for completion.
   virtual absl::Status CopyToHost(const Tensor& src, void* dst) = 0;
   // Copies dst.nbytes() bytes of host memory into a tensor (tests and tools); waits for completion.

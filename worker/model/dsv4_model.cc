@@ -445,16 +445,36 @@ absl::Status Dsv4Model::ValidateStep(std::span<const SequenceStep> seqs) const {
 absl::StatusOr<Tensor> Dsv4Model::StepToBackend(std::span<const SequenceStep> seqs,
                                                 const StepOptions& options,
                                                 std::vector<int32_t>* seq_row_begin) {
+  RETURN_IF_ERROR(PrepareStep(seqs, options, seq_row_begin));
+  return RunForward();
+}
+
+absl::Status Dsv4Model::PrepareStep(std::span<const SequenceStep> seqs, const StepOptions& options,
+                                    std::vector<int32_t>* seq_row_begin) {
   RETURN_IF_ERROR(ValidateStep(seqs));
   StepMeta& m = meta_;
   m = StepMeta{};
-  m.num_seqs = static_cast<int32_t>(seqs.size());
+  const int32_t real_seqs = static_cast<int32_t>(seqs.size());
+  int64_t real_tokens = 0;
+  for (const SequenceStep& seq : seqs) real_tokens += static_cast<int64_t>(seq.tokens.size());
+  const bool padded = options.padded_tokens > 0;
+  if (padded) {
+    const bool pad_seq = real_tokens < options.padded_tokens;
+    if (real_tokens > options.padded_tokens || real_seqs + (pad_seq ? 1 : 0) > options.padded_seqs) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step of ", real_tokens, " tokens in ", real_seqs,
+                       " sequences does not fit a graph padded to ", options.padded_tokens,
+                       " tokens and ", options.padded_seqs, " sequences"));
+    }
+  }
+  m.num_seqs = padded ? options.padded_seqs : real_seqs;
   m.block_size = cache_.block_size;
   m.block_stride = max_blocks_per_seq_;
   m.force_indexer_scoring = options.force_indexer_scoring;
+  m.max_position_bound = cache_.max_model_len - 1;
   m.block_table.assign(static_cast<size_t>(m.num_seqs) * m.block_stride, -1);
   seq_row_begin->assign(1, 0);
-  for (int32_t s = 0; s < m.num_seqs; ++s) {
+  for (int32_t s = 0; s < real_seqs; ++s) {
     const SequenceStep& seq = seqs[s];
     m.seq_begin.push_back(static_cast<int32_t>(m.token_ids.size()));
     m.seq_start_pos.push_back(seq.start_pos);
@@ -468,17 +488,47 @@ absl::StatusOr<Tensor> Dsv4Model::StepToBackend(std::span<const SequenceStep> se
       m.token_seq.push_back(s);
     }
     const int32_t last = static_cast<int32_t>(m.token_ids.size()) - 1;
-    if (seq.logits == SequenceStep::Logits::kLast) {
+    if (options.logits_per_seq || seq.logits == SequenceStep::Logits::kLast) {
       m.logit_rows.push_back(last);
     } else if (seq.logits == SequenceStep::Logits::kAll) {
       for (int32_t t = first; t <= last; ++t) m.logit_rows.push_back(t);
     }
     seq_row_begin->push_back(static_cast<int32_t>(m.logit_rows.size()));
   }
+  if (padded) {
+    // Inert padding: one sequence holding the padding tokens (positions 0.., slot -1), then empty
+    // sequences up to the padded count.
+    for (int32_t s = real_seqs; s < m.num_seqs; ++s) {
+      m.seq_begin.push_back(static_cast<int32_t>(m.token_ids.size()));
+      m.seq_start_pos.push_back(0);
+      m.state_slot.push_back(-1);
+      const int32_t n = s == real_seqs ? options.padded_tokens - static_cast<int32_t>(real_tokens) : 0;
+      for (int32_t i = 0; i < n; ++i) {
+        m.token_ids.push_back(0);
+        m.positions.push_back(i);
+        m.token_seq.push_back(s);
+      }
+      if (options.logits_per_seq) m.logit_rows.push_back(options.padded_tokens - 1);
+    }
+  }
   m.seq_begin.push_back(static_cast<int32_t>(m.token_ids.size()));
   m.num_tokens = static_cast<int32_t>(m.token_ids.size());
-  RETURN_IF_ERROR(backend_->BeginStep(m));
-  return Forward();
+  return backend_->BeginStep(m);
+}
+
+std::vector<std::pair<std::string, Tensor>> Dsv4Model::Pools() const {
+  std::vector<std::pair<std::string, Tensor>> pools;
+  for (size_t l = 0; l < caches_.size(); ++l) {
+    const LayerCache& c = caches_[l];
+    for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"ring", &c.ring},
+                                  {"comp_state", &c.comp_state},
+                                  {"entries", &c.entries},
+                                  {"index_state", &c.index_state},
+                                  {"index_keys", &c.index_keys}}) {
+      if (!t->empty()) pools.emplace_back(absl::StrCat("layer ", l, " ", name), *t);
+    }
+  }
+  return pools;
 }
 
 absl::Status Dsv4Model::Step(std::span<const SequenceStep> seqs, const StepOptions& options,
@@ -490,7 +540,7 @@ absl::Status Dsv4Model::Step(std::span<const SequenceStep> seqs, const StepOptio
   return backend_->CopyToHost(logits, out->values.data());
 }
 
-absl::StatusOr<Tensor> Dsv4Model::Forward() {
+absl::StatusOr<Tensor> Dsv4Model::RunForward() {
   Backend& be = *backend_;
   const ModelConfig& c = config_;
   const Weights& w = *weights_;
@@ -519,7 +569,9 @@ absl::StatusOr<Tensor> Dsv4Model::Forward() {
     RETURN_IF_ERROR(be.HcPre(hs, lw.attn_hc.fn, lw.attn_hc.base, lw.attn_hc.scale, hc, collapsed,
                              post, comb));
     RETURN_IF_ERROR(be.RmsNorm(collapsed, lw.attn_norm, norm, normed));
+    RETURN_IF_ERROR(be.Mark(StepMark::kAttentionBegin));
     RETURN_IF_ERROR_CTX(AttentionBlock(l, normed, block_out), absl::StrCat("layer ", l, " attention"));
+    RETURN_IF_ERROR(be.Mark(StepMark::kAttentionEnd));
     RETURN_IF_ERROR(be.HcPost(hs, block_out, post, comb, hs2));
     // MoE sub-block.
     RETURN_IF_ERROR(be.HcPre(hs2, lw.ffn_hc.fn, lw.ffn_hc.base, lw.ffn_hc.scale, hc, collapsed,
@@ -528,6 +580,7 @@ absl::StatusOr<Tensor> Dsv4Model::Forward() {
     RETURN_IF_ERROR_CTX(MoeBlock(l, normed, block_out), absl::StrCat("layer ", l, " moe"));
     RETURN_IF_ERROR(be.HcPost(hs2, block_out, post, comb, hs));
   }
+  RETURN_IF_ERROR(be.Mark(StepMark::kLayersEnd));
 
   const int64_t R = static_cast<int64_t>(meta_.logit_rows.size());
   if (R == 0) return Tensor{nullptr, DType::kF32, Shape{0, c.vocab_size}};
@@ -554,26 +607,14 @@ absl::Status Dsv4Model::AttentionBlock(int64_t l, const Tensor& x, Tensor out) {
   rope.rope_dims = c.rope_dims;
   rope.inv_freq = type == AttnType::kSliding ? weights_->main_inv_freq : weights_->compress_inv_freq;
 
-  // Query: LoRA down, q_a_norm (cq is shared with the indexer), up, per-head unweighted norm, RoPE.
-  ASSIGN_OR_RETURN(Tensor cq, be.Scratch(DType::kF32, Shape{T, c.q_lora_rank}));
-  RETURN_IF_ERROR(be.Linear(x, lw.q_a_proj, cq));
-  RETURN_IF_ERROR(be.RmsNorm(cq, lw.q_a_norm, norm, cq));
-  ASSIGN_OR_RETURN(Tensor q, be.Scratch(DType::kF32, Shape{T, H, hd}));
-  RETURN_IF_ERROR(be.Linear(cq, lw.q_b_proj, q.View(Shape{T, H * hd})));
-  RETURN_IF_ERROR(be.RmsNorm(q, Tensor{}, norm, q));
-  RETURN_IF_ERROR(be.Rope(q, rope));
-  // The single K=V latent.
-  ASSIGN_OR_RETURN(Tensor kv, be.Scratch(DType::kF32, Shape{T, hd}));
-  RETURN_IF_ERROR(be.Linear(x, lw.kv_proj, kv));
-  RETURN_IF_ERROR(be.RmsNorm(kv, lw.kv_norm, norm, kv));
-  RETURN_IF_ERROR(be.Rope(kv.View(Shape{T, 1, hd}), rope));
-
   const int64_t ratio = c.Ratio(l);
-  Tensor selected;
+  const bool csa = type == AttnType::kCsa;
+  RopeParams crope;
+  crope.rope_dims = c.rope_dims;
+  crope.inv_freq = weights_->compress_inv_freq;
+  // The compressors read only x: side work the backend may overlap with the query path (they
+  // write the pools that the indexer and the attention read after kSideJoin).
   if (ratio > 0) {
-    RopeParams crope;
-    crope.rope_dims = c.rope_dims;
-    crope.inv_freq = weights_->compress_inv_freq;
     auto compress = [&](const CompressorWeights& cw, int64_t overlap, int64_t d, Tensor state,
                         Tensor entries) -> absl::Status {
       ASSIGN_OR_RETURN(Tensor a, be.Scratch(DType::kF32, Shape{T, overlap * d}));
@@ -590,25 +631,48 @@ absl::Status Dsv4Model::AttentionBlock(int64_t l, const Tensor& x, Tensor out) {
       p.rope = crope;
       return be.Compress(p, a, z, state, entries);
     };
-    const bool csa = type == AttnType::kCsa;
+    RETURN_IF_ERROR(be.Mark(StepMark::kSideBegin));
     RETURN_IF_ERROR(compress(lw.compressor, csa ? 2 : 1, hd, cache.comp_state, cache.entries));
     if (csa) {
-      const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
-      RETURN_IF_ERROR(compress(lw.index_compressor, 2, dI, cache.index_state, cache.index_keys));
-      ASSIGN_OR_RETURN(Tensor qi, be.Scratch(DType::kF32, Shape{T, nI, dI}));
-      RETURN_IF_ERROR(be.Linear(cq, lw.index_q_b_proj, qi.View(Shape{T, nI * dI})));
-      RETURN_IF_ERROR(be.Rope(qi, crope));
-      ASSIGN_OR_RETURN(Tensor wi, be.Scratch(DType::kF32, Shape{T, nI}));
-      RETURN_IF_ERROR(be.Linear(x, lw.index_weights_proj, wi));
-      IndexerParams ip;
-      ip.ratio = ratio;
-      ip.topk = c.index_topk;
-      ip.weight_scale = 1.0f / std::sqrt(static_cast<float>(nI));
-      ip.score_scale = 1.0f / std::sqrt(static_cast<float>(dI));
-      ASSIGN_OR_RETURN(selected, be.Scratch(DType::kI32, Shape{T, c.index_topk}));
-      RETURN_IF_ERROR(be.IndexerTopK(ip, qi, wi, cache.index_keys, selected));
+      RETURN_IF_ERROR(compress(lw.index_compressor, 2, c.index_head_dim, cache.index_state,
+                               cache.index_keys));
     }
+    RETURN_IF_ERROR(be.Mark(StepMark::kSideEnd));
   }
+
+  // Query: LoRA down, q_a_norm (cq is shared with the indexer), up, per-head unweighted norm, RoPE.
+  ASSIGN_OR_RETURN(Tensor cq, be.Scratch(DType::kF32, Shape{T, c.q_lora_rank}));
+  RETURN_IF_ERROR(be.Linear(x, lw.q_a_proj, cq));
+  RETURN_IF_ERROR(be.RmsNorm(cq, lw.q_a_norm, norm, cq));
+  ASSIGN_OR_RETURN(Tensor q, be.Scratch(DType::kF32, Shape{T, H, hd}));
+  RETURN_IF_ERROR(be.Linear(cq, lw.q_b_proj, q.View(Shape{T, H * hd})));
+  RETURN_IF_ERROR(be.RmsNorm(q, Tensor{}, norm, q));
+  RETURN_IF_ERROR(be.Rope(q, rope));
+  // The single K=V latent.
+  ASSIGN_OR_RETURN(Tensor kv, be.Scratch(DType::kF32, Shape{T, hd}));
+  RETURN_IF_ERROR(be.Linear(x, lw.kv_proj, kv));
+  RETURN_IF_ERROR(be.RmsNorm(kv, lw.kv_norm, norm, kv));
+  RETURN_IF_ERROR(be.Rope(kv.View(Shape{T, 1, hd}), rope));
+
+  Tensor selected;
+  if (csa) {
+    // Indexer inputs on the query path, then its scoring once the index keys are written.
+    const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
+    ASSIGN_OR_RETURN(Tensor qi, be.Scratch(DType::kF32, Shape{T, nI, dI}));
+    RETURN_IF_ERROR(be.Linear(cq, lw.index_q_b_proj, qi.View(Shape{T, nI * dI})));
+    RETURN_IF_ERROR(be.Rope(qi, crope));
+    ASSIGN_OR_RETURN(Tensor wi, be.Scratch(DType::kF32, Shape{T, nI}));
+    RETURN_IF_ERROR(be.Linear(x, lw.index_weights_proj, wi));
+    IndexerParams ip;
+    ip.ratio = ratio;
+    ip.topk = c.index_topk;
+    ip.weight_scale = 1.0f / std::sqrt(static_cast<float>(nI));
+    ip.score_scale = 1.0f / std::sqrt(static_cast<float>(dI));
+    ASSIGN_OR_RETURN(selected, be.Scratch(DType::kI32, Shape{T, c.index_topk}));
+    RETURN_IF_ERROR(be.Mark(StepMark::kSideJoin));
+    RETURN_IF_ERROR(be.IndexerTopK(ip, qi, wi, cache.index_keys, selected));
+  }
+  RETURN_IF_ERROR(be.Mark(StepMark::kSideJoin));
 
   AttentionParams ap;
   ap.window = c.sliding_window;

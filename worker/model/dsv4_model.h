@@ -51,6 +51,14 @@ struct SequenceStep {
 struct StepOptions {
   // Score the lightning indexer even when every visible candidate fits in top-k.
   bool force_indexer_scoring = false;
+  // Graph steps: pad the batch to `padded_tokens` tokens and `padded_seqs` sequences. The padding
+  // tokens form one extra sequence at positions 0.. with state slot -1 (kernels write no KV or
+  // state for slot -1); the remaining padding sequences are empty. 0 = no padding.
+  int32_t padded_tokens = 0;
+  int32_t padded_seqs = 0;
+  // One logit row per (padded) sequence, its last token, whether or not it asked for logits: the
+  // row count of a FULL graph is fixed. seq_row_begin then maps sequence s to row s.
+  bool logits_per_seq = false;
 };
 
 struct StepLogits {
@@ -87,6 +95,15 @@ class Dsv4Model {
   absl::StatusOr<Tensor> StepToBackend(std::span<const SequenceStep> seqs,
                                        const StepOptions& options,
                                        std::vector<int32_t>* seq_row_begin);
+  // StepToBackend() in two halves, for graph capture: PrepareStep() validates the batch and
+  // stages its metadata (Backend::BeginStep, a host-to-device copy that must stay outside any
+  // capture); RunForward() issues the forward pass and returns the logits.
+  absl::Status PrepareStep(std::span<const SequenceStep> seqs, const StepOptions& options,
+                           std::vector<int32_t>* seq_row_begin);
+  absl::StatusOr<Tensor> RunForward();
+  // Every persistent state pool (context pool: blocks on dim 0; state pool: slots on dim 0), for
+  // tests that check which rows a step writes.
+  std::vector<std::pair<std::string, Tensor>> Pools() const;
 
   const ModelConfig& config() const { return config_; }
   const CacheConfig& cache() const { return cache_; }
@@ -104,7 +121,6 @@ class Dsv4Model {
   absl::Status LoadWeights(WeightFactory* factory);
   absl::Status AllocatePools();
   absl::Status ValidateStep(std::span<const SequenceStep> seqs) const;
-  absl::StatusOr<Tensor> Forward();
   absl::Status AttentionBlock(int64_t layer, const Tensor& x, Tensor out);
   absl::Status MoeBlock(int64_t layer, const Tensor& u, Tensor out);
 

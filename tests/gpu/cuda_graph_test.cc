@@ -1,0 +1,453 @@
+// CUDA graphs on the GPU worker (label `gpu`, docs/cuda-graphs.md): a graph captured at short
+// context replayed on long cached prefixes (the vLLM #52448 failure) against eager, with a debug
+// switch that re-enables the bug to show the check catches it; graph == eager under concurrent
+// long-context load with FULL and PIECEWISE steps; padding rows write no state; the kill switch.
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "tests/gpu/backend_pair.h"
+#include "tests/testing/checkpoint_writer.h"
+#include "worker/model/dsv4_model.h"
+
+namespace dsv4 {
+namespace {
+
+// A 3-layer model (sliding, CSA, HCA) at the real DSV4-Flash attention and indexer shapes:
+// hidden 4096, 64 heads x 512, q_lora 1024, indexer 64 x 128 with top-512, ratios 4 and 128,
+// window 128, hc_mult 4; fewer experts and a small vocabulary keep it quick.
+Json FlashIndexerConfig() {
+  Json j = testing::TinyConfigJson();
+  j["hidden_size"] = 4096;
+  j["num_attention_heads"] = 64;
+  j["head_dim"] = 512;
+  j["qk_rope_head_dim"] = 64;
+  j["partial_rotary_factor"] = 0.125;
+  j["rope_parameters"]["main"]["partial_rotary_factor"] = 0.125;
+  j["rope_parameters"]["compress"]["partial_rotary_factor"] = 0.125;
+  j["q_lora_rank"] = 1024;
+  j["o_groups"] = 8;
+  j["o_lora_rank"] = 1024;
+  j["index_n_heads"] = 64;
+  j["index_head_dim"] = 128;
+  j["index_topk"] = 512;
+  j["compress_rates"] = {{"compressed_sparse_attention", 4}, {"heavily_compressed_attention", 128}};
+  j["sliding_window"] = 128;
+  j["n_routed_experts"] = 16;
+  j["num_experts_per_tok"] = 6;
+  j["moe_intermediate_size"] = 1024;
+  j["hc_mult"] = 4;
+  j["vocab_size"] = 4096;
+  j["num_hidden_layers"] = 3;
+  j["layer_types"] = {"sliding_attention", "compressed_sparse_attention",
+                      "heavily_compressed_attention"};
+  j["mlp_layer_types"] = {"hash_moe", "moe", "moe"};
+  return j;
+}
+
+constexpr int32_t kMaxLen = 4096;
+const std::vector<int32_t> kCaptureSizes = {1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256, 512, 1024};
+
+struct Pair {
+  ModelConfig config;
+  CacheConfig cache;
+  std::unique_ptr<Worker> graph, eager;
+};
+
+Pair MakeWorkers(int slots, const CudaGraphOptions& graph_options, Precision precision) {
+  Pair p;
+  auto config = ParseModelConfig(FlashIndexerConfig().dump());
+  EXPECT_TRUE(config.ok()) << config.status();
+  p.config = *config;
+  p.cache.num_slots = slots;
+  p.cache.max_model_len = kMaxLen;
+  p.cache.block_size = DefaultBlockSize(p.config);
+  p.cache.num_blocks = slots * (kMaxLen / DefaultBlockSize(p.config));
+  WeightsSpec weights;
+  weights.synthetic = true;
+  weights.seed = 21;
+  auto g = CreateWorker(DeviceChoice{true, 0}, precision, p.config, weights, p.cache, graph_options);
+  auto e = CreateWorker(DeviceChoice{true, 0}, precision, p.config, weights, p.cache);
+  EXPECT_TRUE(g.ok() && e.ok()) << g.status() << e.status();
+  if (g.ok()) p.graph = *std::move(g);
+  if (e.ok()) p.eager = *std::move(e);
+  return p;
+}
+
+// One request of a fixed schedule. The plan shapes depend only on how far each request got, so
+// the graph and eager runs see identical schedules.
+struct Req {
+  std::vector<int32_t> prompt;
+  int arrival = 0;
+  int32_t slot = 0;
+  std::vector<int32_t> blocks;
+  int32_t fed = 0;
+  std::vector<int32_t> out;
+  std::vector<float> margin;  // top-1 minus top-2 log-probability of each sampled token
+};
+
+std::shared_ptr<SamplingSpec> Greedy() {
+  auto s = std::make_shared<SamplingSpec>();
+  s->logprobs = 2;
+  return s;
+}
+
+// FULL for uniform decode, PIECEWISE otherwise, padded to the next capture size.
+void ChooseGraph(StepPlan* plan) {
+  const int64_t T = plan->num_tokens();
+  bool decode = true;
+  for (const ScheduledSeq& s : plan->seqs) decode &= s.tokens.size() == 1;
+  for (int32_t size : kCaptureSizes) {
+    if (size >= T) {
+      plan->graph_mode = decode ? GraphMode::kFull : GraphMode::kPiecewise;
+      plan->padded_tokens = size;
+      return;
+    }
+  }
+}
+
+// Running requests decode; requests with prompt left get chunks within the step's prefill budget.
+StepPlan NextPlan(std::vector<Req>& reqs, int step, int prefill_budget, int max_new,
+                  const std::shared_ptr<SamplingSpec>& spec) {
+  StepPlan plan;
+  plan.step_id = static_cast<uint64_t>(step + 1);
+  int budget = prefill_budget;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    Req& r = reqs[i];
+    if (r.arrival > step || static_cast<int>(r.out.size()) >= max_new) continue;
+    ScheduledSeq s;
+    s.request_id = i + 1;
+    s.state_slot = r.slot;
+    s.block_table = r.blocks;
+    s.start_pos = r.fed;
+    s.prompt_len = static_cast<int32_t>(r.prompt.size());
+    s.output_index = static_cast<int32_t>(r.out.size());
+    s.sampling = spec;
+    if (r.fed < static_cast<int32_t>(r.prompt.size())) {
+      const int n = std::min<int>(budget, static_cast<int>(r.prompt.size()) - r.fed);
+      if (n == 0) continue;
+      budget -= n;
+      s.tokens.assign(r.prompt.begin() + r.fed, r.prompt.begin() + r.fed + n);
+      s.sample = r.fed + n == static_cast<int32_t>(r.prompt.size());
+    } else {
+      s.tokens = {r.out.back()};
+      s.sample = true;
+    }
+    plan.seqs.push_back(std::move(s));
+  }
+  return plan;
+}
+
+void Commit(std::vector<Req>& reqs, const StepPlan& plan, const StepResult& result) {
+  size_t k = 0;
+  for (const ScheduledSeq& s : plan.seqs) {
+    Req& r = reqs[s.request_id - 1];
+    r.fed += static_cast<int32_t>(s.tokens.size());
+    if (!s.sample) continue;
+    const SampledToken& t = result.sampled[k++];
+    r.out.push_back(t.token);
+    r.margin.push_back(t.top.size() >= 2 ? t.top[0].second - t.top[1].second : 1e9f);
+  }
+}
+
+std::vector<Req> MakeRequests(int n, int min_len, int max_len, int vocab, int32_t per_seq,
+                              int stagger, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<Req> reqs(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    Req& r = reqs[static_cast<size_t>(i)];
+    r.prompt.resize(static_cast<size_t>(min_len + static_cast<int>(rng() % (max_len - min_len + 1))));
+    for (auto& t : r.prompt) t = static_cast<int32_t>(2 + rng() % (vocab - 2));
+    r.arrival = i * stagger;
+    r.slot = i;
+    for (int32_t b = 0; b < per_seq; ++b) r.blocks.push_back(i * per_seq + b);
+  }
+  return reqs;
+}
+
+// ---- capture short, replay long --------------------------------------------------------------
+
+struct ShortLongResult {
+  double max_logprob_diff = 0;   // top-2 log-probabilities, graph vs eager, on the long replays
+  int token_mismatches = 0;      // greedy ids that differ where eager's margin exceeds 1e-3
+  int long_replays = 0;          // FULL steps replayed (not captured) on the long sequence
+};
+
+// Prefills a short and a long sequence eagerly, then decodes the short one first under FULL
+// graphs (the batch-1 graph is captured there, at ~32 positions), then the long one (the same
+// graph replayed at ~3000 positions: 750 > 512 visible CSA entries, so the indexer must score).
+// Both workers are fed the eager worker's tokens (teacher forcing), so one near-tie cannot make
+// the runs drift apart.
+ShortLongResult CaptureShortReplayLong(const CudaGraphOptions& options) {
+  ShortLongResult res;
+  Pair p = MakeWorkers(2, options, Precision::kFP32);
+  if (!p.graph || !p.eager) return res;
+  const int32_t per_seq = kMaxLen / p.cache.block_size;
+  std::vector<Req> reqs = MakeRequests(2, 32, 32, static_cast<int>(p.config.vocab_size), per_seq, 0, 5);
+  reqs[1].prompt.resize(3000);
+  std::mt19937 rng(6);
+  for (auto& t : reqs[1].prompt) t = static_cast<int32_t>(2 + rng() % (p.config.vocab_size - 2));
+  auto spec = Greedy();
+  auto run = [&](const StepPlan& plan, bool check) {
+    StepPlan eager_plan = plan;
+    eager_plan.graph_mode = GraphMode::kEager;
+    eager_plan.padded_tokens = 0;
+    auto g = p.graph->Execute(plan);
+    auto e = p.eager->Execute(eager_plan);
+    EXPECT_TRUE(g.ok() && e.ok()) << g.status() << e.status();
+    if (!g.ok() || !e.ok()) return;
+    EXPECT_EQ(g->graph.mode, plan.graph_mode);
+    EXPECT_EQ(e->graph.mode, GraphMode::kEager);
+    if (check) {
+      for (size_t i = 0; i < e->sampled.size(); ++i) {
+        const SampledToken& a = g->sampled[i];
+        const SampledToken& b = e->sampled[i];
+        for (size_t k = 0; k < 2; ++k) {
+          res.max_logprob_diff =
+              std::max<double>(res.max_logprob_diff, std::fabs(a.top[k].second - b.top[k].second));
+        }
+        if (a.token != b.token && b.top[0].second - b.top[1].second > 1e-3f) ++res.token_mismatches;
+      }
+      if (g->graph.captures == 0) res.long_replays += g->graph.replays;
+    }
+    Commit(reqs, plan, *e);
+  };
+  // Prefill both, eagerly.
+  for (int step = 0; reqs[0].fed < 32 || reqs[1].fed < 3000; ++step) {
+    run(NextPlan(reqs, step, 1024, 64, spec), false);
+  }
+  for (int step = 0; step < 6; ++step) {
+    for (size_t which : {size_t{0}, size_t{1}}) {
+      StepPlan plan;
+      plan.step_id = 1000 + static_cast<uint64_t>(step * 2 + which);
+      const Req& r = reqs[which];
+      ScheduledSeq s;
+      s.request_id = which + 1;
+      s.state_slot = r.slot;
+      s.block_table = r.blocks;
+      s.start_pos = r.fed;
+      s.prompt_len = static_cast<int32_t>(r.prompt.size());
+      s.output_index = static_cast<int32_t>(r.out.size());
+      s.sampling = spec;
+      s.tokens = {r.out.back()};
+      s.sample = true;
+      plan.seqs.push_back(std::move(s));
+      plan.graph_mode = GraphMode::kFull;
+      plan.padded_tokens = 1;
+      run(plan, which == 1);
+    }
+  }
+  return res;
+}
+
+TEST(CudaGraphs, CaptureShortReplayLongMatchesEager) {
+  DSV4_REQUIRE_GPU();
+  const ShortLongResult r = CaptureShortReplayLong(CudaGraphOptions{});
+  std::printf("    capture short / replay long: max |logprob diff| %.3g, %d replays, %d mismatches\n",
+              r.max_logprob_diff, r.long_replays, r.token_mismatches);
+  EXPECT_EQ(r.long_replays, 6);  // captured once (short), replayed at every long step
+  EXPECT_LT(r.max_logprob_diff, 1e-3);
+  EXPECT_EQ(r.token_mismatches, 0);
+}
+
+// The same check with the indexer's short-context shortcut allowed during capture (vLLM #52448):
+// the graph bakes "select candidates 0..511" and the long replays must come out wrong.
+TEST(CudaGraphs, ShortcutInCaptureDebugSwitchIsCaught) {
+  DSV4_REQUIRE_GPU();
+  CudaGraphOptions unsafe;
+  unsafe.shortcut_in_capture = true;
+  const ShortLongResult r = CaptureShortReplayLong(unsafe);
+  std::printf("    with the shortcut baked in: max |logprob diff| %.3g, %d mismatches\n",
+              r.max_logprob_diff, r.token_mismatches);
+  EXPECT_EQ(r.long_replays, 6);
+  EXPECT_GT(r.max_logprob_diff, 1e-3) << "the regression check did not see the baked shortcut";
+}
+
+// ---- graph == eager under concurrency --------------------------------------------------------
+
+// Staggered long-context requests (prompts 2100..2800 tokens, above index_topk x ratio = 2048)
+// through a continuous-batching schedule: mixed prefill+decode steps run PIECEWISE, uniform
+// decode steps FULL, at many padded sizes. Each run generates greedily on its own; the outputs
+// must be identical, except after a numerical tie (eager's top-2 margin below 1e-3 where they
+// part), which is reported. Length-capped requests (no end-of-sequence token within the cap) are
+// counted in both modes.
+TEST(CudaGraphs, GraphEqualsEagerUnderConcurrentLongContextLoad) {
+  DSV4_REQUIRE_GPU();
+  constexpr int kRequests = 20, kMaxNew = 24;
+  Pair p = MakeWorkers(kRequests, CudaGraphOptions{}, Precision::kFP32);
+  ASSERT_TRUE(p.graph && p.eager);
+  const int32_t per_seq = kMaxLen / p.cache.block_size;
+  const std::vector<Req> init = MakeRequests(kRequests, 2100, 2800,
+                                             static_cast<int>(p.config.vocab_size), per_seq, 3, 8);
+  auto spec = Greedy();
+  struct Run {
+    std::vector<Req> reqs;
+    int64_t full = 0, piecewise = 0, captures = 0, eager = 0;
+  };
+  auto drive = [&](Worker* w, bool graphs) {
+    Run run;
+    run.reqs = init;
+    for (int step = 0; step < 10000; ++step) {
+      StepPlan plan = NextPlan(run.reqs, step, 512, kMaxNew, spec);
+      if (plan.seqs.empty()) {
+        bool done = true;
+        for (const Req& r : run.reqs) done &= static_cast<int>(r.out.size()) >= kMaxNew;
+        if (done) break;
+        continue;
+      }
+      if (graphs) ChooseGraph(&plan);
+      auto res = w->Execute(plan);
+      EXPECT_TRUE(res.ok()) << res.status();
+      if (!res.ok()) break;
+      run.full += res->graph.mode == GraphMode::kFull;
+      run.piecewise += res->graph.mode == GraphMode::kPiecewise;
+      run.eager += res->graph.mode == GraphMode::kEager;
+      run.captures += res->graph.captures;
+      EXPECT_FALSE(res->graph.fallback);
+      Commit(run.reqs, plan, *res);
+    }
+    return run;
+  };
+  const Run g = drive(p.graph.get(), true);
+  const Run e = drive(p.eager.get(), false);
+  int identical = 0, tie_divergences = 0, capped_g = 0, capped_e = 0;
+  auto capped = [&](const Req& r) {
+    for (int32_t t : r.out) {
+      for (int64_t eos : p.config.eos_token_ids) {
+        if (t == eos) return false;
+      }
+    }
+    return true;
+  };
+  for (size_t i = 0; i < init.size(); ++i) {
+    const Req& a = g.reqs[i];
+    const Req& b = e.reqs[i];
+    ASSERT_EQ(a.out.size(), b.out.size());
+    capped_g += capped(a);
+    capped_e += capped(b);
+    size_t k = 0;
+    while (k < a.out.size() && a.out[k] == b.out[k]) ++k;
+    if (k == a.out.size()) {
+      ++identical;
+      continue;
+    }
+    ++tie_divergences;
+    EXPECT_LT(b.margin[k], 1e-3f) << "request " << i << " parts from eager at output " << k
+                                  << " with a clear margin " << b.margin[k];
+  }
+  std::printf("    %d requests: %d identical, %d parted at a numerical tie; FULL steps %lld, "
+              "PIECEWISE steps %lld, captures %lld; length-capped graph %d / eager %d\n",
+              kRequests, identical, tie_divergences, static_cast<long long>(g.full),
+              static_cast<long long>(g.piecewise), static_cast<long long>(g.captures), capped_g,
+              capped_e);
+  EXPECT_GT(g.full, 0);
+  EXPECT_GT(g.piecewise, 0);
+  EXPECT_EQ(g.eager, 0);
+  // One capture per (mode, padded size) at most: the baked addresses held across replays.
+  EXPECT_LE(g.captures, 2 * static_cast<int64_t>(kCaptureSizes.size()));
+  EXPECT_EQ(capped_g, capped_e);
+  EXPECT_GE(identical, kRequests - 1);
+}
+
+// ---- padding rows are inert ------------------------------------------------------------------
+
+// A padded step (the shapes a graph runs) with one real sequence in slot 1: every pool row
+// outside slot 1 and its blocks keeps its contents, and the real sequence's logits equal an
+// unpadded step's. Pools are filled with a pattern first, so a stray write shows.
+TEST(CudaGraphs, PaddingRowsWriteNoState) {
+  DSV4_REQUIRE_GPU();
+  auto config = ParseModelConfig(FlashIndexerConfig().dump());
+  ASSERT_TRUE(config.ok());
+  CacheConfig cache;
+  cache.num_slots = 3;
+  cache.max_model_len = 1024;
+  cache.num_blocks = 3 * (1024 / DefaultBlockSize(*config));
+  auto run = [&](int32_t padded, std::vector<std::vector<float>>* pools_after) {
+    auto model = Dsv4Model::LoadSynthetic(*config, 3, *CreateCudaBackend(0, Precision::kFP32), cache);
+    EXPECT_TRUE(model.ok()) << model.status();
+    Backend& be = (*model)->backend();
+    for (const auto& [name, t] : (*model)->Pools()) {
+      std::vector<float> fill(static_cast<size_t>(t.numel()), 7.0f);
+      EXPECT_TRUE(be.CopyFromHost(fill.data(), t).ok());
+    }
+    const int32_t per_seq = 1024 / (*model)->cache().block_size;
+    std::vector<int32_t> tokens(300), blocks;
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(3 + i * 7 % 4000);
+    for (int32_t b = 0; b < per_seq; ++b) blocks.push_back(per_seq + b);  // slot 1's blocks
+    SequenceStep s;
+    s.tokens = tokens;
+    s.state_slot = 1;
+    s.block_table = blocks;
+    s.logits = SequenceStep::Logits::kLast;
+    StepOptions o;
+    o.padded_tokens = padded;
+    o.padded_seqs = padded > 0 ? 3 : 0;
+    o.logits_per_seq = padded > 0;
+    std::vector<int32_t> rows;
+    EXPECT_TRUE((*model)->PrepareStep({&s, 1}, o, &rows).ok());
+    auto logits = (*model)->RunForward();
+    EXPECT_TRUE(logits.ok()) << logits.status();
+    std::vector<float> host(static_cast<size_t>(logits->numel()));
+    EXPECT_TRUE(be.CopyToHost(*logits, host.data()).ok());
+    for (const auto& [name, t] : (*model)->Pools()) {
+      std::vector<float> h(static_cast<size_t>(t.numel()));
+      EXPECT_TRUE(be.CopyToHost(t, h.data()).ok());
+      pools_after->push_back(std::move(h));
+    }
+    host.resize(static_cast<size_t>(config->vocab_size));  // row 0: the real sequence
+    return std::make_pair(host, (*model)->Pools());
+  };
+  std::vector<std::vector<float>> padded_pools, plain_pools;
+  // 300 real tokens padded to 512: 212 padding tokens at positions 0..211 close compressor
+  // windows (ratio 4 and 128) and fill a window's worth of ring rows if they were written.
+  auto [padded_logits, pools] = run(512, &padded_pools);
+  auto [plain_logits, unused] = run(0, &plain_pools);
+  EXPECT_TRUE(testing::Close(padded_logits, plain_logits, 1e-4, 1e-4));
+  const int32_t per_seq = 1024 / DefaultBlockSize(*config);
+  for (size_t i = 0; i < pools.size(); ++i) {
+    const Tensor& t = pools[i].second;
+    const bool by_slot = t.dim(0) == cache.num_slots;
+    const int64_t row = t.numel() / t.dim(0);
+    int64_t changed_outside = 0;
+    for (int64_t r = 0; r < t.dim(0); ++r) {
+      const bool owned = by_slot ? r == 1 : (r >= per_seq && r < 2 * per_seq);
+      if (owned) continue;
+      for (int64_t k = 0; k < row; ++k) changed_outside += padded_pools[i][r * row + k] != 7.0f;
+    }
+    EXPECT_EQ(changed_outside, 0) << pools[i].first;
+    // The real sequence's rows: what an unpadded step writes (the GEMMs' row count differs).
+    EXPECT_TRUE(testing::Close(padded_pools[i], plain_pools[i], 1e-4, 1e-4)) << pools[i].first;
+  }
+}
+
+// The kill switch: every planned graph runs eagerly and is reported as a fallback.
+TEST(CudaGraphs, EnforceEagerKillSwitch) {
+  DSV4_REQUIRE_GPU();
+  auto config = ParseModelConfig(testing::TinyConfigJson().dump());
+  ASSERT_TRUE(config.ok());
+  CacheConfig cache;
+  cache.num_slots = 2;
+  cache.max_model_len = 256;
+  cache.num_blocks = 2 * (256 / DefaultBlockSize(*config));
+  WeightsSpec weights;
+  weights.synthetic = true;
+  CudaGraphOptions off;
+  off.enforce_eager = true;
+  auto w = CreateWorker(DeviceChoice{true, 0}, Precision::kFP32, *config, weights, cache, off);
+  ASSERT_TRUE(w.ok()) << w.status();
+  std::vector<Req> reqs = MakeRequests(1, 8, 8, static_cast<int>(config->vocab_size),
+                                       256 / DefaultBlockSize(*config), 0, 1);
+  for (int step = 0; step < 3; ++step) {
+    StepPlan plan = NextPlan(reqs, step, 64, 8, Greedy());
+    ChooseGraph(&plan);
+    auto r = (*w)->Execute(plan);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->graph.mode, GraphMode::kEager);
+    EXPECT_TRUE(r->graph.fallback);
+    EXPECT_EQ(r->graph.captures, 0);
+    Commit(reqs, plan, *r);
+  }
+}
+
+}  // namespace
+}  // namespace dsv4
