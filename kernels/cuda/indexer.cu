@@ -1,6 +1,6 @@
 #include "kernels/cuda/indexer.h"
 
-#include <cub/block/block_scan.cuh>
+#include <cstdint>
 
 #include "kernels/common/cuda_check.h"
 #include "kernels/cuda/common.cuh"
@@ -8,7 +8,6 @@
 namespace dsv4::cuda {
 namespace {
 
-constexpr int kScoreThreads = 128;
 constexpr int kSelectThreads = 1024;
 
 // Padding rows of a graph step (state slot -1) see no entries.
@@ -25,36 +24,99 @@ __global__ void SelectAllKernel(IndexerDims s, RaggedBatchView b, int32_t* out) 
   }
 }
 
+// Scores: a block covers kScoreEntries (32) consecutive entries; warp g of the block computes the
+// head group [g*kHpt, (g+1)*kHpt) for all 32 entries (lane = entry), so that small candidate counts
+// still spread over many SMs. Per head, the dot product is accumulated exactly as before (4-wide
+// partial sums in ascending d, then added), ReLU·score_scale is staged in shared memory and one warp
+// sums the heads in ascending order: bitwise the same scores as the one-thread-per-entry kernel.
+constexpr int kScoreEntries = 32;
+
 template <int kHeads>
-__global__ void ScoreKernel(IndexerDims s, RaggedBatchView b, const float* q, const float* w,
-                            const float* keys, int64_t max_visible, float* scores) {
-  extern __shared__ float sq[];  // [kHeads, dim]
+struct ScoreCfg {
+  static constexpr int kHpt = kHeads < 16 ? kHeads : 16;  // heads per thread
+  static constexpr int kGroups = kHeads / kHpt;
+  static constexpr int kThreads = 32 * kGroups;
+};
+
+template <int kHeads>
+__global__ void __launch_bounds__(ScoreCfg<kHeads>::kThreads)
+    ScoreKernel(IndexerDims s, RaggedBatchView b, const float* q, const float* w,
+                const float* keys, int64_t max_visible, float* scores) {
+  using Cfg = ScoreCfg<kHeads>;
+  constexpr int kHpt = Cfg::kHpt;
+  extern __shared__ float4 sq4[];  // [kHeads, dim/4]
   __shared__ float sw[kHeads];
+  __shared__ float spart[kHeads][kScoreEntries];
   const int32_t t = blockIdx.y;
   const int64_t v = Visible(b, t, s.ratio);
-  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (static_cast<int64_t>(blockIdx.x) * blockDim.x >= v) return;
-  const int64_t dim = s.dim;
-  for (int64_t i = threadIdx.x; i < kHeads * dim; i += blockDim.x) sq[i] = q[t * kHeads * dim + i];
+  const int64_t e0 = static_cast<int64_t>(blockIdx.x) * kScoreEntries;
+  if (e0 >= v) return;  // uniform over the block
+  if (v <= s.topk && !b.force_indexer_scoring) return;  // the select takes all: no scores read
+  const int dim4 = static_cast<int>(s.dim >> 2);
+  const int n4 = kHeads * dim4;
+  const float* qt = q + static_cast<int64_t>(t) * kHeads * s.dim;
+  if ((reinterpret_cast<uintptr_t>(qt) & 15u) == 0) {
+    const float4* q4 = reinterpret_cast<const float4*>(qt);
+    for (int base = 0; base < n4; base += 8 * Cfg::kThreads) {
+      float4 r[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int i = base + u * Cfg::kThreads + threadIdx.x;
+        if (i < n4) r[u] = q4[i];
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int i = base + u * Cfg::kThreads + threadIdx.x;
+        if (i < n4) sq4[i] = r[u];
+      }
+    }
+  } else {
+    float* sq = reinterpret_cast<float*>(sq4);
+    for (int i = threadIdx.x; i < 4 * n4; i += Cfg::kThreads) sq[i] = qt[i];
+  }
   if (threadIdx.x < kHeads) sw[threadIdx.x] = w[t * kHeads + threadIdx.x] * s.weight_scale;
   __syncthreads();
-  if (e >= v) return;
-  const float* k = keys + EntryRow(b, b.token_seq[t], e, s.ratio) * dim;
-  float dot[kHeads];
+  const int lane = threadIdx.x & 31;
+  const int group = threadIdx.x >> 5;
+  const int64_t e = e0 + lane;
+  if (e < v) {
+    const float4* k4 = reinterpret_cast<const float4*>(keys + EntryRow(b, b.token_seq[t], e, s.ratio) * s.dim);
+    const float4* qg = sq4 + group * kHpt * dim4;
+    float dot[kHpt];
 #pragma unroll
-  for (int h = 0; h < kHeads; ++h) dot[h] = 0.0f;
-  for (int64_t d0 = 0; d0 < dim; d0 += 4) {
-    const float4 kv = *reinterpret_cast<const float4*>(k + d0);
+    for (int h = 0; h < kHpt; ++h) dot[h] = 0.0f;
+    int d = 0;
+    for (; d + 4 <= dim4; d += 4) {
+      float4 kv[4];
 #pragma unroll
-    for (int h = 0; h < kHeads; ++h) {
-      const float* qh = sq + h * dim + d0;
-      dot[h] += qh[0] * kv.x + qh[1] * kv.y + qh[2] * kv.z + qh[3] * kv.w;
+      for (int j = 0; j < 4; ++j) kv[j] = k4[d + j];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int h = 0; h < kHpt; ++h) {
+          const float4 qh = qg[h * dim4 + d + j];
+          dot[h] += qh.x * kv[j].x + qh.y * kv[j].y + qh.z * kv[j].z + qh.w * kv[j].w;
+        }
+      }
     }
-  }
-  float score = 0;
+    for (; d < dim4; ++d) {
+      const float4 kv = k4[d];
 #pragma unroll
-  for (int h = 0; h < kHeads; ++h) score += sw[h] * (fmaxf(dot[h], 0.0f) * s.score_scale);
-  scores[t * max_visible + e] = score;
+      for (int h = 0; h < kHpt; ++h) {
+        const float4 qh = qg[h * dim4 + d];
+        dot[h] += qh.x * kv.x + qh.y * kv.y + qh.z * kv.z + qh.w * kv.w;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < kHpt; ++h) spart[group * kHpt + h][lane] = fmaxf(dot[h], 0.0f) * s.score_scale;
+  }
+  __syncthreads();
+  if (group == 0 && e < v) {
+    float score = 0;
+#pragma unroll
+    for (int h = 0; h < kHeads; ++h) score += sw[h] * spart[h][lane];
+    scores[t * max_visible + e] = score;
+  }
 }
 
 __device__ __forceinline__ uint32_t OrderKey(float f) {
@@ -62,75 +124,198 @@ __device__ __forceinline__ uint32_t OrderKey(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-__global__ void SelectKernel(IndexerDims s, RaggedBatchView b, const float* scores,
-                             int64_t max_visible, int32_t* out) {
-  using Scan = cub::BlockScan<int, kSelectThreads>;
-  __shared__ typename Scan::TempStorage scan;
-  __shared__ int hist[256];
+// Select: one 1024-thread block per token. The order keys are kept in shared memory when the host
+// bound max_visible fits (kSmemKeys), else re-read from the scores each pass. Four 8-bit radix
+// passes with warp-aggregated shared histograms (double-buffered, two barriers a pass) and a
+// one-warp suffix scan to pick the bin; then one counting walk and one writing walk in which warp w
+// owns a contiguous index segment (ballots give in-order ranks): every entry above the threshold
+// key plus the `need` lowest-index ties, ascending. Same sets and order as the reference.
+constexpr int kSelectWarps = kSelectThreads / 32;
+constexpr int64_t kSmemKeys = 48 * 1024;  // 192 KB of keys
+constexpr int kUnroll = 8;
+
+__device__ __forceinline__ void HistAdd(int* hist, uint32_t bin, bool active) {
+  const unsigned act = __ballot_sync(0xffffffffu, active);
+  if (active) {
+    const unsigned peers = __match_any_sync(act, bin);
+    if ((threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
+  }
+}
+
+__global__ void __launch_bounds__(kSelectThreads, 1)
+    SelectKernel(IndexerDims s, RaggedBatchView b, const float* scores, int64_t max_visible,
+                 int64_t smem_keys, int32_t* out) {
+  extern __shared__ uint32_t skeys[];
+  __shared__ int hist[2][256];
   __shared__ uint32_t s_prefix, s_mask;
   __shared__ int s_remaining;
-  __shared__ int s_base, s_ties;
+  __shared__ int s_gt[kSelectWarps], s_tie[kSelectWarps];
   const int32_t t = blockIdx.x;
-  const int64_t v = Visible(b, t, s.ratio);
+  const int64_t v64 = Visible(b, t, s.ratio);
   int32_t* o = out + t * s.topk;
-  const int64_t k = v < s.topk ? v : s.topk;
-  for (int64_t i = threadIdx.x; i < s.topk; i += blockDim.x) o[i] = i < (v <= s.topk && !b.force_indexer_scoring ? v : 0) ? static_cast<int32_t>(i) : -1;
-  if (v <= s.topk && !b.force_indexer_scoring) return;
-  __syncthreads();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (v64 <= s.topk) {
+    // Everything visible is selected (also under forced scoring: top-v of v is all of them).
+    for (int64_t i = tid; i < s.topk; i += kSelectThreads) o[i] = i < v64 ? static_cast<int32_t>(i) : -1;
+    return;
+  }
+  const int v = static_cast<int>(v64);
+  const int k = static_cast<int>(s.topk);
+  // k < v here: every slot is written by the selection.
   const float* sc = scores + t * max_visible;
-  if (threadIdx.x == 0) {
+  const bool use_smem = v64 <= smem_keys;
+  hist[0][tid & 255] = 0;  // 1024 threads cover 256 bins
+  if (tid == 0) {
     s_prefix = 0;
     s_mask = 0;
-    s_remaining = static_cast<int>(k);
+    s_remaining = k;
   }
   __syncthreads();
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
-    __syncthreads();
+  for (int pass = 0; pass < 4; ++pass) {
+    const int shift = 24 - 8 * pass;
+    int* cur = hist[pass & 1];
     const uint32_t prefix = s_prefix, mask = s_mask;
-    for (int64_t i = threadIdx.x; i < v; i += blockDim.x) {
-      const uint32_t key = OrderKey(sc[i]);
-      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 0xff], 1);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int cum = 0;
-      int bin = 255;
-      for (; bin > 0; --bin) {
-        if (cum + hist[bin] >= s_remaining) break;
-        cum += hist[bin];
+    for (int base = 0; base < v; base += kUnroll * kSelectThreads) {
+      uint32_t key[kUnroll];
+      if (pass == 0 || !use_smem) {
+        float f[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int i = base + u * kSelectThreads + tid;
+          f[u] = i < v ? sc[i] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          key[u] = OrderKey(f[u]);
+          const int i = base + u * kSelectThreads + tid;
+          if (pass == 0 && use_smem && i < v) skeys[i] = key[u];
+        }
+      } else {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int i = base + u * kSelectThreads + tid;
+          key[u] = i < v ? skeys[i] : 0u;
+        }
       }
-      s_remaining -= cum;
-      s_prefix = prefix | (static_cast<uint32_t>(bin) << shift);
-      s_mask = mask | (0xffu << shift);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int i = base + u * kSelectThreads + tid;
+        HistAdd(cur, (key[u] >> shift) & 0xffu, i < v && (key[u] & mask) == prefix);
+      }
+    }
+    hist[(pass + 1) & 1][tid & 255] = 0;
+    __syncthreads();
+    if (warp == 0) {
+      // Lane l owns bins 255-8l down to 248-8l; find the highest bin where the count of matching
+      // keys at or above it reaches `remaining` (bin 0 if none before it), as a serial scan would.
+      int c[8];
+      int sum = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        c[j] = cur[255 - lane * 8 - j];
+        sum += c[j];
+      }
+      int incl = sum;
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const int n = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl += n;
+      }
+      const int rem = s_remaining;
+      const unsigned ball = __ballot_sync(0xffffffffu, incl >= rem);
+      const int owner = ball != 0 ? __ffs(ball) - 1 : 31;
+      if (lane == owner) {
+        int cum = incl - sum;
+        int bin = 0;
+        bool found = false;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          if (!found) {
+            bin = 255 - lane * 8 - j;
+            if (cum + c[j] >= rem || bin == 0) {
+              found = true;
+            } else {
+              cum += c[j];
+            }
+          }
+        }
+        s_remaining = rem - cum;
+        s_prefix = prefix | (static_cast<uint32_t>(bin) << shift);
+        s_mask = mask | (0xffu << shift);
+      }
     }
     __syncthreads();
   }
-  // Threshold key; take every entry above it and the `need` lowest-index ties, in index order.
   const uint32_t threshold = s_prefix;
   const int need = s_remaining;
-  if (threadIdx.x == 0) {
-    s_base = 0;
-    s_ties = 0;
+  // Warp w owns [w*seg, min(v, (w+1)*seg)), seg a multiple of 32.
+  const int seg = ((v + kSelectWarps - 1) / kSelectWarps + 31) / 32 * 32;
+  const int lo = warp * seg;
+  const int hi = min(v, lo + seg);
+  const unsigned lt = (1u << lane) - 1u;
+  auto load_keys = [&](int base, uint32_t* key) {
+    if (use_smem) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int i = base + u * 32 + lane;
+        key[u] = i < hi ? skeys[i] : 0u;
+      }
+    } else {
+      float f[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int i = base + u * 32 + lane;
+        f[u] = i < hi ? sc[i] : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) key[u] = OrderKey(f[u]);
+    }
+  };
+  int gt = 0, ties = 0;
+  for (int base = lo; base < hi; base += kUnroll * 32) {
+    uint32_t key[kUnroll];
+    load_keys(base, key);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const bool in = base + u * 32 + lane < hi;
+      gt += __popc(__ballot_sync(0xffffffffu, in && key[u] > threshold));
+      ties += __popc(__ballot_sync(0xffffffffu, in && key[u] == threshold));
+    }
+  }
+  if (lane == 0) {
+    s_gt[warp] = gt;
+    s_tie[warp] = ties;
   }
   __syncthreads();
-  for (int64_t c = 0; c < v; c += blockDim.x) {
-    const int64_t i = c + threadIdx.x;
-    const uint32_t key = i < v ? OrderKey(sc[i]) : 0;
-    const int tie = (i < v && key == threshold) ? 1 : 0;
-    int tie_rank, ties_in_chunk;
-    Scan(scan).ExclusiveSum(tie, tie_rank, ties_in_chunk);
-    __syncthreads();
-    const int take = (i < v && (key > threshold || (tie && s_ties + tie_rank < need))) ? 1 : 0;
-    int rank, taken;
-    Scan(scan).ExclusiveSum(take, rank, taken);
-    if (take) o[s_base + rank] = static_cast<int32_t>(i);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      s_base += taken;
-      s_ties += ties_in_chunk;
+  // Exclusive prefix over the warps (in index order).
+  int g_incl = s_gt[lane], t_incl = s_tie[lane];
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int ng = __shfl_up_sync(0xffffffffu, g_incl, off);
+    const int nt = __shfl_up_sync(0xffffffffu, t_incl, off);
+    if (lane >= off) {
+      g_incl += ng;
+      t_incl += nt;
     }
-    __syncthreads();
+  }
+  const int g_excl = __shfl_sync(0xffffffffu, g_incl - s_gt[lane], warp);
+  int tie_before = __shfl_sync(0xffffffffu, t_incl - s_tie[lane], warp);
+  int pos = g_excl + min(tie_before, need);
+  for (int base = lo; base < hi; base += kUnroll * 32) {
+    uint32_t key[kUnroll];
+    load_keys(base, key);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = base + u * 32 + lane;
+      const bool in = i < hi;
+      const bool tie = in && key[u] == threshold;
+      const unsigned tb = __ballot_sync(0xffffffffu, tie);
+      const bool take = (in && key[u] > threshold) || (tie && tie_before + __popc(tb & lt) < need);
+      const unsigned kb = __ballot_sync(0xffffffffu, take);
+      if (take) o[pos + __popc(kb & lt)] = i;
+      pos += __popc(kb);
+      tie_before += __popc(tb);
+    }
   }
 }
 
@@ -150,7 +335,7 @@ absl::Status IndexerTopK(const IndexerDims& s, const RaggedBatchView& b, const f
   if (b.num_tokens == 0) return absl::OkStatus();
   if (s.dim % 4 != 0) return absl::UnimplementedError("index_head_dim must be a multiple of 4");
   if (max_visible > 0) {
-    const dim3 grid(static_cast<unsigned>((max_visible + kScoreThreads - 1) / kScoreThreads),
+    const dim3 grid(static_cast<unsigned>((max_visible + kScoreEntries - 1) / kScoreEntries),
                     static_cast<unsigned>(b.num_tokens));
     const size_t smem = sizeof(float) * static_cast<size_t>(s.heads * s.dim);
     decltype(&ScoreKernel<4>) kernel = nullptr;
@@ -166,10 +351,26 @@ absl::Status IndexerTopK(const IndexerDims& s, const RaggedBatchView& b, const f
     }
     CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               static_cast<int>(smem)));
-    kernel<<<grid, kScoreThreads, smem, stream>>>(s, b, q, w, keys, max_visible, scores);
+    int threads = 0;
+    switch (s.heads) {
+      case 4: threads = ScoreCfg<4>::kThreads; break;
+      case 8: threads = ScoreCfg<8>::kThreads; break;
+      case 16: threads = ScoreCfg<16>::kThreads; break;
+      case 32: threads = ScoreCfg<32>::kThreads; break;
+      default: threads = ScoreCfg<64>::kThreads; break;
+    }
+    kernel<<<grid, threads, smem, stream>>>(s, b, q, w, keys, max_visible, scores);
     CUDA_RETURN_IF_LAUNCH_ERROR();
   }
-  SelectKernel<<<b.num_tokens, kSelectThreads, 0, stream>>>(s, b, scores, max_visible, out);
+  const int64_t smem_keys = max_visible <= kSmemKeys ? max_visible : 0;
+  const size_t select_smem = sizeof(uint32_t) * static_cast<size_t>(smem_keys);
+  if (select_smem > 0) {
+    CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(SelectKernel,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(select_smem)));
+  }
+  SelectKernel<<<b.num_tokens, kSelectThreads, select_smem, stream>>>(s, b, scores, max_visible,
+                                                                      smem_keys, out);
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

@@ -1,5 +1,6 @@
 #include "kernels/cuda/moe.h"
 
+#include <cooperative_groups.h>
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 
@@ -14,82 +15,82 @@ constexpr int kMaxTopK = 16;
 
 __device__ __forceinline__ float Softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-// One warp per token.
+// One warp per token. Expert e lives in slot e % kSlots of lane e / kSlots (kSlots = the
+// smallest power of two >= E / 32, so E = 256 needs 8 registers per lane, not 32). The selection
+// key of a slot is packed into one 64-bit word, (order-preserving bits of score + bias) << 32 |
+// ~e, so that one integer max is "largest key, ties to the lower expert index" (-0 counts as +0,
+// NaN below everything, as a float compare never picks it); top-k is top_k passes of a
+// lane-local max over the slots and a 5-step warp max, with the winner's key set to -inf after
+// it is taken (as before). Lane k keeps pick k; the weight sum is added in k order.
+__device__ __forceinline__ uint64_t RouteKey(float key, int32_t e) {
+  if (key == 0.0f) key = 0.0f;  // -0 == +0 in the float compare
+  const uint32_t b = __float_as_uint(key);
+  uint32_t o = (b & 0x80000000u) != 0 ? ~b : (b | 0x80000000u);
+  if (key != key) o = 0;
+  return (static_cast<uint64_t>(o) << 32) | static_cast<uint32_t>(~static_cast<uint32_t>(e));
+}
+
+template <int kSlots>
 __global__ void RouteKernel(RouterDims d, const float* logits, const float* bias,
                             const int32_t* tid2eid, const int32_t* token_ids, int32_t* idx,
                             float* weights) {
   const int64_t t = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
-  if (t >= d.tokens) return;
+  if (t >= d.tokens) return;  // uniform across the warp
   const float* l = logits + t * d.experts;
-  float score[kMaxExpertsPerLane];
-  float key[kMaxExpertsPerLane];
-#pragma unroll
-  for (int i = 0; i < kMaxExpertsPerLane; ++i) {
-    const int64_t e = lane + 32 * i;
-    if (e < d.experts) {
-      score[i] = sqrtf(Softplus(l[e]));
-      key[i] = score[i] + (bias != nullptr ? bias[e] : 0.0f);
-    } else {
-      score[i] = 0.0f;
-      key[i] = -INFINITY;
-    }
-  }
-  int32_t chosen[kMaxTopK];
-  float chosen_score[kMaxTopK];
+  const int top_k = static_cast<int>(d.top_k);
+  int32_t my_e = 0;
+  float my_s = 0.0f;
   if (tid2eid != nullptr) {
-    const int64_t tok = token_ids[t];
-    for (int k = 0; k < d.top_k; ++k) {
-      chosen[k] = tid2eid[tok * d.top_k + k];
-      // Score of that expert, from the lane that holds it.
-      const int owner = chosen[k] % 32, slot = chosen[k] / 32;
-      float v = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kMaxExpertsPerLane; ++i) {
-        if (i == slot) v = score[i];
-      }
-      chosen_score[k] = __shfl_sync(0xffffffffu, v, owner);
+    if (lane < top_k) {
+      const int64_t tok = token_ids[t];
+      my_e = tid2eid[tok * d.top_k + lane];
+      my_s = my_e >= 0 && my_e < d.experts ? sqrtf(Softplus(l[my_e])) : 0.0f;
     }
   } else {
-    for (int k = 0; k < d.top_k; ++k) {
-      // Warp argmax of key (ties to the lower expert index), then remove the winner.
-      float best = -INFINITY;
-      int32_t best_e = INT32_MAX;
+    float score[kSlots];
+    uint64_t key[kSlots];
 #pragma unroll
-      for (int i = 0; i < kMaxExpertsPerLane; ++i) {
-        const int32_t e = lane + 32 * i;
-        if (key[i] > best || (key[i] == best && e < best_e)) {
-          best = key[i];
-          best_e = e;
-        }
+    for (int i = 0; i < kSlots; ++i) {
+      const int32_t e = lane * kSlots + i;
+      if (e < d.experts) {
+        score[i] = sqrtf(Softplus(l[e]));
+        key[i] = RouteKey(score[i] + (bias != nullptr ? bias[e] : 0.0f), e);
+      } else {
+        score[i] = 0.0f;
+        key[i] = 0;  // below every real expert
       }
+    }
+    for (int k = 0; k < top_k; ++k) {
+      uint64_t best = key[0];
+#pragma unroll
+      for (int i = 1; i < kSlots; ++i) best = key[i] > best ? key[i] : best;
+#pragma unroll
       for (int o = 16; o > 0; o >>= 1) {
-        const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-        const int32_t oe = __shfl_xor_sync(0xffffffffu, best_e, o);
-        if (ob > best || (ob == best && oe < best_e)) {
-          best = ob;
-          best_e = oe;
-        }
+        const uint64_t ob = __shfl_xor_sync(0xffffffffu, best, o);
+        best = ob > best ? ob : best;
       }
-      chosen[k] = best_e;
+      const int32_t be = static_cast<int32_t>(~static_cast<uint32_t>(best & 0xffffffffu));
       float v = 0.0f;
 #pragma unroll
-      for (int i = 0; i < kMaxExpertsPerLane; ++i) {
-        if (lane + 32 * i == best_e) {
+      for (int i = 0; i < kSlots; ++i) {
+        if (lane * kSlots + i == be) {
           v = score[i];
-          key[i] = -INFINITY;
+          key[i] = RouteKey(-INFINITY, be);
         }
       }
-      chosen_score[k] = __shfl_sync(0xffffffffu, v, best_e % 32);
+      v = __shfl_sync(0xffffffffu, v, (be / kSlots) & 31);
+      if (lane == k) {
+        my_e = be;
+        my_s = v;
+      }
     }
   }
-  if (lane == 0) {
-    float sum = 0;
-    for (int k = 0; k < d.top_k; ++k) sum += chosen_score[k];
-    for (int k = 0; k < d.top_k; ++k) {
-      idx[t * d.top_k + k] = chosen[k];
-      weights[t * d.top_k + k] = chosen_score[k] / (sum + 1e-20f) * d.routed_scale;
-    }
+  float sum = 0;
+  for (int k = 0; k < top_k; ++k) sum += __shfl_sync(0xffffffffu, my_s, k);
+  if (lane < top_k) {
+    idx[t * d.top_k + lane] = my_e;
+    weights[t * d.top_k + lane] = my_s / (sum + 1e-20f) * d.routed_scale;
   }
 }
 
@@ -143,6 +144,62 @@ __global__ void __launch_bounds__(kOffsetsThreads)
   if (threadIdx.x == 0) {
     offsets[experts] = static_cast<int32_t>(assignments);
     *num_active = ranked;
+  }
+}
+
+// Decode-sized batches (assignments <= kSmallSortMax): the stable sort by expert, the offsets
+// and the active list in one block, replacing Iota + the radix sort (several launches) +
+// OffsetsKernel. Counts as in OffsetsKernel (the count does not depend on the order), then
+// count[e] becomes the first sorted position of expert e, and assignment a goes to
+// count[e] + (number of earlier assignments of e): the stable order the radix sort gives.
+// Assignments with an expert id outside [0, E) get no slot (OffsetsKernel skips them too).
+constexpr int kSmallSortMax = kOffsetsThreads;
+__global__ void __launch_bounds__(kOffsetsThreads)
+    SmallSortKernel(const int32_t* idx, int64_t assignments, int64_t experts, int32_t* order,
+                    int32_t* offsets, int32_t* active, int32_t* num_active) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  int32_t* count = reinterpret_cast<int32_t*>(smem_raw);  // [experts]
+  __shared__ int32_t ex[kSmallSortMax];
+  using Scan = cub::BlockScan<int32_t, kOffsetsThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  for (int64_t e = threadIdx.x; e < experts; e += kOffsetsThreads) count[e] = 0;
+  if (threadIdx.x < assignments) ex[threadIdx.x] = idx[threadIdx.x];
+  __syncthreads();
+  if (threadIdx.x < assignments) {
+    const int32_t e = ex[threadIdx.x];
+    if (e >= 0 && e < experts) atomicAdd(&count[e], 1);
+  }
+  __syncthreads();
+  int32_t start = 0, ranked = 0;
+  for (int64_t base = 0; base < experts; base += kOffsetsThreads) {
+    const int64_t e = base + threadIdx.x;
+    const int32_t c = e < experts ? count[e] : 0;
+    int32_t off, total, rank, total_active;
+    Scan(scan).ExclusiveSum(c, off, total);
+    __syncthreads();
+    Scan(scan).ExclusiveSum(c > 0 ? 1 : 0, rank, total_active);
+    __syncthreads();
+    if (e < experts) {
+      offsets[e] = start + off;
+      count[e] = start + off;  // only this thread touches count[e]
+      if (c > 0) active[ranked + rank] = static_cast<int32_t>(e);
+    }
+    start += total;
+    ranked += total_active;
+  }
+  if (threadIdx.x == 0) {
+    offsets[experts] = start;
+    *num_active = ranked;
+  }
+  __syncthreads();
+  if (threadIdx.x < assignments) {
+    const int a = threadIdx.x;
+    const int32_t e = ex[a];
+    if (e >= 0 && e < experts) {
+      int32_t r = 0;
+      for (int b = 0; b < a; ++b) r += ex[b] == e ? 1 : 0;
+      order[count[e] + r] = a;
+    }
   }
 }
 
@@ -309,8 +366,7 @@ constexpr int kMmaTokens = 8;    // the mma n: assignments per group
 constexpr int kMmaKBlock = 32;   // k per lane-quad 16-byte load: two m16n8k16 steps
 constexpr int kMmaUnroll = 8;    // k blocks loaded before use: 2 * 8 16-byte loads per lane
 constexpr int kStageUnroll = 4;  // staging loads in flight per thread
-constexpr int kMoeSplitK = 1;    // MoE: 32 blocks x active experts are enough blocks
-constexpr int kGemvSplitK = 8;   // SmallGemv: a block's 8 warps share one 16-row tile
+// kSplitK for the MoE: 1, 2 or 4 by the size of the expert grid (MoeSplitK).
 // Largest staged x (8 tokens x K bf16) the launchers accept: K <= 12800.
 constexpr size_t kMmaMaxSmemBytes = 200 * 1024;
 
@@ -347,6 +403,161 @@ __device__ __forceinline__ uint4 LoadBf16x8(const float* p) {
 }
 __device__ __forceinline__ uint4 LoadBf16x8(const __nv_bfloat16* p) {
   return *reinterpret_cast<const uint4*>(p);
+}
+
+// ---- SmallGemv: split-K over a thread-block cluster ----
+//
+// y[m, n] = x[m, k] · W[n, k]ᵀ for m <= 8, W fp32 or bf16 (x rounded to bf16 for bf16 W, as in
+// the GEMM convention), fp32 accumulation. A 2-8 MB weight streamed by a few dozen blocks is
+// latency-bound (each block waits on its own long chain of loads), so the grid is (16-row
+// tile) x (K slice): the C blocks of a thread-block cluster (C <= 8, portable) share one tile and
+// each reads one contiguous K slice, every lane issuing all of its 16-byte weight loads (up to
+// kSgUnroll x 2 rows) before using any. Within a block warp w owns rows 2w, 2w+1 of the tile;
+// warp sums (fixed butterfly) go to shared memory, and after a cluster barrier block rank 0 adds
+// the C partials of each output through distributed shared memory in rank order: deterministic,
+// no atomics, no workspace (so the declaration of SmallGemv stays as it is).
+constexpr int kSgThreads = 256;
+constexpr int kSgWarps = kSgThreads / 32;
+constexpr int kSgRowsPerWarp = 2;
+constexpr int kSgRows = kSgWarps * kSgRowsPerWarp;  // rows per tile (block)
+// 16-byte loads per lane per row in flight: 512 elements of K per warp pass (fp32: 4, bf16: 2),
+// which is the whole slice of a 4096-wide K split 8 ways.
+constexpr int kSgMaxCluster = 8;                      // portable cluster size
+constexpr int64_t kSgMinSlice = 512;                  // K per block at least (elements)
+constexpr int kSgMaxM = static_cast<int>(kSmallGemvMaxRows);
+
+template <typename W>
+__global__ void __launch_bounds__(kSgThreads, 3) SplitGemvKernel(const float* x, int m, int64_t k,
+                                                              const W* w, int64_t n,
+                                                              int64_t k_slice, float* y) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const unsigned csize = cluster.num_blocks();
+  const unsigned rank = cluster.block_rank();
+  __shared__ float part[kSgMaxM][kSgRows];
+  constexpr int kVec = 16 / sizeof(W);
+  constexpr int kSgUnroll = 512 / (32 * kVec);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t tile = blockIdx.x / csize;
+  const int64_t k0 = static_cast<int64_t>(rank) * k_slice;
+  const int64_t k1 = k0 + k_slice < k ? k0 + k_slice : k;
+  const int64_t row0 = tile * kSgRows + warp * kSgRowsPerWarp;
+  const W* wr[kSgRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kSgRowsPerWarp; ++r) {
+    const int64_t row = row0 + r;
+    wr[r] = w + (row < n ? row : 0) * k;  // rows past the end read row 0, never stored
+  }
+  float acc[kSgRowsPerWarp][kSgMaxM];
+#pragma unroll
+  for (int r = 0; r < kSgRowsPerWarp; ++r) {
+#pragma unroll
+    for (int j = 0; j < kSgMaxM; ++j) acc[r][j] = 0.0f;
+  }
+  for (int64_t cb = k0 + lane * kVec; cb < k1; cb += 32 * kVec * kSgUnroll) {
+    uint4 raw[kSgUnroll][kSgRowsPerWarp];
+#pragma unroll
+    for (int u = 0; u < kSgUnroll; ++u) {
+      const int64_t c = cb + u * 32 * kVec;
+#pragma unroll
+      for (int r = 0; r < kSgRowsPerWarp; ++r) {
+        raw[u][r] = c < k1 ? LoadWeights16(reinterpret_cast<const uint4*>(wr[r] + c))
+                           : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kSgUnroll; ++u) {
+      const int64_t c = cb + u * 32 * kVec;
+      if (c >= k1) break;
+      float wv[kSgRowsPerWarp][kVec];
+#pragma unroll
+      for (int r = 0; r < kSgRowsPerWarp; ++r) {
+        if constexpr (sizeof(W) == 2) {
+          const __nv_bfloat162* p2 = reinterpret_cast<const __nv_bfloat162*>(&raw[u][r]);
+#pragma unroll
+          for (int v = 0; v < kVec / 2; ++v) {
+            const float2 f = __bfloat1622float2(p2[v]);
+            wv[r][2 * v] = f.x;
+            wv[r][2 * v + 1] = f.y;
+          }
+        } else {
+          const float* pf = reinterpret_cast<const float*>(&raw[u][r]);
+#pragma unroll
+          for (int v = 0; v < kVec; ++v) wv[r][v] = pf[v];
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kSgMaxM; ++j) {
+        if (j < m) {
+          float xv[kVec];
+          const float4* xp = reinterpret_cast<const float4*>(x + j * k + c);
+#pragma unroll
+          for (int v4 = 0; v4 < kVec / 4; ++v4) {
+            const float4 f = __ldg(xp + v4);
+            xv[4 * v4] = f.x;
+            xv[4 * v4 + 1] = f.y;
+            xv[4 * v4 + 2] = f.z;
+            xv[4 * v4 + 3] = f.w;
+          }
+          if constexpr (sizeof(W) == 2) {
+#pragma unroll
+            for (int v = 0; v < kVec; ++v) xv[v] = __bfloat162float(__float2bfloat16_rn(xv[v]));
+          }
+#pragma unroll
+          for (int r = 0; r < kSgRowsPerWarp; ++r) {
+            float sum = 0.0f;
+#pragma unroll
+            for (int v = 0; v < kVec; ++v) sum += wv[r][v] * xv[v];
+            acc[r][j] += sum;
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kSgMaxM; ++j) {
+    if (j < m) {  // uniform
+#pragma unroll
+      for (int r = 0; r < kSgRowsPerWarp; ++r) {
+        const float v = WarpSum(acc[r][j]);
+        if (lane == 0) part[j][warp * kSgRowsPerWarp + r] = v;
+      }
+    }
+  }
+  cluster.sync();  // every block's partials are written and visible cluster-wide
+  if (rank == 0 && threadIdx.x < m * kSgRows) {
+    const int j = threadIdx.x / kSgRows, r = threadIdx.x % kSgRows;
+    float sum = 0.0f;
+    for (unsigned s = 0; s < csize; ++s) sum += *cluster.map_shared_rank(&part[j][r], s);
+    const int64_t row = tile * kSgRows + r;
+    if (row < n) y[static_cast<int64_t>(j) * n + row] = sum;
+  }
+  cluster.sync();  // no block leaves while rank 0 still reads its shared memory
+}
+
+template <typename W>
+absl::Status LaunchSplitGemv(const float* x, int64_t m, int64_t k, const W* w, int64_t n,
+                             float* y, cudaStream_t stream) {
+  const int64_t tiles = (n + kSgRows - 1) / kSgRows;
+  const int64_t c = std::min<int64_t>(kSgMaxCluster, std::max<int64_t>(1, k / kSgMinSlice));
+  // Slices of whole 8-element vectors (16 bytes of bf16, two of fp32).
+  const int64_t k_slice = ((k + c - 1) / c + 7) / 8 * 8;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(tiles * c), 1, 1);
+  cfg.blockDim = dim3(kSgThreads, 1, 1);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(c);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, SplitGemvKernel<W>, x, static_cast<int>(m), k, w,
+                                          n, k_slice, y));
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
 }
 
 // y[a, :n_out] = W[e] · x[src(a)] for the sorted assignments a of expert e = active[blockIdx.y]
@@ -426,24 +637,37 @@ __global__ void __launch_bounds__(kMmaThreads, 2) ExpertMmaKernel(
     const int ng = a1 - g0 < kMmaTokens ? a1 - g0 : kMmaTokens;
     __syncthreads();  // the previous group's readers of sx (and red) are done
     // Word i holds token j = (i / 4) % 8, k = (i / 32) * 32 + (i % 4) * 8 .. + 7; tokens past
-    // the group are zeros (their columns are never stored). Loads first, then the stores, so
-    // that kStageUnroll loads are in flight.
-    for (int i0 = threadIdx.x; i0 < items; i0 += kMmaThreads * kStageUnroll) {
+    // the group are zeros (their columns are never stored), written without loads. The group's
+    // own words (kblocks * 4 * ng of them, w -> k block w / (4 ng), token (w % (4 ng)) / 4,
+    // quarter w % 4) are loaded kStageUnroll per thread at a time, loads first, then the stores:
+    // a decode group of one token takes one round trip, not items / (256 * kStageUnroll).
+    if (ng < kMmaTokens) {
+      for (int i = threadIdx.x; i < items; i += kMmaThreads) {
+        if (((i >> 2) & (kMmaTokens - 1)) >= ng) sx[i] = make_uint4(0, 0, 0, 0);
+      }
+    }
+    const int words_per_kb = 4 * ng;
+    const int words = kblocks * words_per_kb;
+    for (int w0 = threadIdx.x; w0 < words; w0 += kMmaThreads * kStageUnroll) {
       uint4 v[kStageUnroll];
+      int dst[kStageUnroll];
 #pragma unroll
       for (int u = 0; u < kStageUnroll; ++u) {
-        const int i = i0 + u * kMmaThreads;
-        const int j = (i >> 2) & (kMmaTokens - 1);
+        const int wi = w0 + u * kMmaThreads;
         v[u] = make_uint4(0, 0, 0, 0);
-        if (i < items && j < ng) {
+        dst[u] = -1;
+        if (wi < words) {
+          const int kb = wi / words_per_kb;
+          const int rem = wi - kb * words_per_kb;
+          const int j = rem >> 2, q = rem & 3;
           const int64_t src = by_token ? order[g0 + j] / top_k : g0 + j;
-          v[u] = LoadBf16x8(x + src * ldx + (i >> 5) * kMmaKBlock + (i & 3) * 8);
+          v[u] = LoadBf16x8(x + src * ldx + kb * kMmaKBlock + q * 8);
+          dst[u] = kb * 32 + j * 4 + q;
         }
       }
 #pragma unroll
       for (int u = 0; u < kStageUnroll; ++u) {
-        const int i = i0 + u * kMmaThreads;
-        if (i < items) sx[i] = v[u];
+        if (dst[u] >= 0) sx[dst[u]] = v[u];
       }
     }
     __syncthreads();
@@ -584,6 +808,39 @@ absl::Status LaunchExpertMma(dim3 grid, cudaStream_t stream, const X* x, int64_t
 }
 
 
+// K split over the warps of a block (kSplitK tiles per block fewer, kSplitK times the blocks)
+// when the expert grid is small (decode: 6 experts x 32 blocks at T = 1, below 1.5 blocks per
+// SM): more, shorter weight streams in flight. Depends on the shapes only (graph capture).
+int MoeSplitK(unsigned blocks_per_expert, unsigned max_active) {
+  const int64_t blocks = int64_t{blocks_per_expert} * max_active;
+  if (blocks <= 264) return 4;  // <= 2 blocks per SM of 132
+  if (blocks <= 528) return 2;
+  return 1;
+}
+
+template <typename X, bool kSwiGlu>
+absl::Status LaunchExpertMmaSplit(int split, unsigned max_active, cudaStream_t stream,
+                                  const X* x, int64_t ldx, bool by_token, bool scatter_out,
+                                  int64_t top_k, const __nv_bfloat16* weight, int64_t n_out,
+                                  int64_t k_in, float limit, const int32_t* order,
+                                  const int32_t* offsets, const int32_t* active,
+                                  const int32_t* num_active, int32_t dense_rows, void* y) {
+  switch (split) {
+    case 4:
+      return LaunchExpertMma<X, kSwiGlu, 4>(
+          dim3(MmaBlocks<kSwiGlu, 4>(n_out), max_active), stream, x, ldx, by_token, scatter_out,
+          top_k, weight, n_out, k_in, limit, order, offsets, active, num_active, dense_rows, y);
+    case 2:
+      return LaunchExpertMma<X, kSwiGlu, 2>(
+          dim3(MmaBlocks<kSwiGlu, 2>(n_out), max_active), stream, x, ldx, by_token, scatter_out,
+          top_k, weight, n_out, k_in, limit, order, offsets, active, num_active, dense_rows, y);
+    default:
+      return LaunchExpertMma<X, kSwiGlu, 1>(
+          dim3(MmaBlocks<kSwiGlu, 1>(n_out), max_active), stream, x, ldx, by_token, scatter_out,
+          top_k, weight, n_out, k_in, limit, order, offsets, active, num_active, dense_rows, y);
+  }
+}
+
 size_t SortTempBytes(int64_t n) {
   size_t bytes = 0;
   cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const int32_t*>(nullptr),
@@ -626,9 +883,25 @@ absl::Status Route(const RouterDims& d, const float* logits, const float* bias,
     return absl::UnimplementedError("router: at most 1024 experts and top-16 are compiled");
   }
   if (d.tokens == 0) return absl::OkStatus();
-  const int threads = 256;
+  const int threads = 128;
   const unsigned blocks = static_cast<unsigned>((d.tokens * 32 + threads - 1) / threads);
-  RouteKernel<<<blocks, threads, 0, stream>>>(d, logits, bias, tid2eid, token_ids, idx, weights);
+  const int64_t per_lane = (d.experts + 31) / 32;
+  auto launch = [&](auto kernel) {
+    kernel<<<blocks, threads, 0, stream>>>(d, logits, bias, tid2eid, token_ids, idx, weights);
+  };
+  if (per_lane <= 1) {
+    launch(RouteKernel<1>);
+  } else if (per_lane <= 2) {
+    launch(RouteKernel<2>);
+  } else if (per_lane <= 4) {
+    launch(RouteKernel<4>);
+  } else if (per_lane <= 8) {
+    launch(RouteKernel<8>);
+  } else if (per_lane <= 16) {
+    launch(RouteKernel<16>);
+  } else {
+    launch(RouteKernel<32>);
+  }
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
@@ -654,12 +927,12 @@ absl::Status SmallGemv(const float* x, int64_t m, int64_t k, const void* w, DTyp
   if (m > kSmallGemvMaxRows || k % 8 != 0) {
     return absl::InvalidArgumentError("SmallGemv: needs m <= 8 and k a multiple of 8");
   }
-  if (wdtype == DType::kBF16 && MmaFits(k) && Aligned16(x) && Aligned16(w)) {
-    // Tensor-core GEMV: 16-row tiles, K split over the 8 warps of a block for loads in flight.
-    return LaunchExpertMma<float, false, kGemvSplitK>(
-        dim3(MmaBlocks<false, kGemvSplitK>(n), 1), stream, x, k, false, false, 1,
-        static_cast<const __nv_bfloat16*>(w), n, k, 0.0f, nullptr, nullptr, nullptr, nullptr,
-        static_cast<int32_t>(m), y);
+  if (Aligned16(x) && Aligned16(w) && (wdtype == DType::kBF16 || wdtype == DType::kF32)) {
+    // Split-K over a cluster: >= 128 blocks for a 256-row, 4096-wide weight.
+    if (wdtype == DType::kBF16) {
+      return LaunchSplitGemv(x, m, k, static_cast<const __nv_bfloat16*>(w), n, y, stream);
+    }
+    return LaunchSplitGemv(x, m, k, static_cast<const float*>(w), n, y, stream);
   }
   constexpr int kRows = kGemvRowsPerWarp * kWarps;
   const dim3 grid(static_cast<unsigned>((n + kRows - 1) / kRows), 1);
@@ -688,39 +961,53 @@ absl::Status MoeExperts(const ExpertsDims& d, const float* u, const int32_t* idx
   const int64_t a = d.tokens * d.top_k;
   // Sort the assignments (t, k) by expert; radix sort is stable, so each expert's assignments
   // stay in (t, k) order.
-  IotaKernel<<<static_cast<unsigned>((a + 255) / 256), 256, 0, stream>>>(w.order_in, a);
-  CUDA_RETURN_IF_LAUNCH_ERROR();
-  size_t sort_bytes = w.sort_bytes;
-  int end_bit = 1;
-  while ((int64_t{1} << end_bit) < d.experts) ++end_bit;
-  CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(w.sort_temp, sort_bytes, idx, w.keys_out,
-                                                       w.order_in, w.order, static_cast<int>(a), 0,
-                                                       end_bit, stream));
   const size_t offsets_smem = sizeof(int32_t) * static_cast<size_t>(d.experts);
-  if (offsets_smem > 48 * 1024) {
-    CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        OffsetsKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(offsets_smem)));
+  if (a <= kSmallSortMax) {
+    // Decode: sort, offsets and active list in one launch.
+    if (offsets_smem > 32 * 1024) {  // + ~8 KiB static: under the 48 KiB default
+      CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(SmallSortKernel,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                static_cast<int>(offsets_smem)));
+    }
+    SmallSortKernel<<<1, kOffsetsThreads, offsets_smem, stream>>>(
+        idx, a, d.experts, w.order, w.offsets, w.active, w.num_active);
+    CUDA_RETURN_IF_LAUNCH_ERROR();
+  } else {
+    IotaKernel<<<static_cast<unsigned>((a + 255) / 256), 256, 0, stream>>>(w.order_in, a);
+    CUDA_RETURN_IF_LAUNCH_ERROR();
+    size_t sort_bytes = w.sort_bytes;
+    int end_bit = 1;
+    while ((int64_t{1} << end_bit) < d.experts) ++end_bit;
+    CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(w.sort_temp, sort_bytes, idx,
+                                                         w.keys_out, w.order_in, w.order,
+                                                         static_cast<int>(a), 0, end_bit, stream));
+    if (offsets_smem > 48 * 1024) {
+      CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(OffsetsKernel,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                static_cast<int>(offsets_smem)));
+    }
+    OffsetsKernel<<<1, kOffsetsThreads, offsets_smem, stream>>>(w.keys_out, a, d.experts,
+                                                                w.offsets, w.active,
+                                                                w.num_active);
+    CUDA_RETURN_IF_LAUNCH_ERROR();
   }
-  OffsetsKernel<<<1, kOffsetsThreads, offsets_smem, stream>>>(w.keys_out, a, d.experts, w.offsets,
-                                                              w.active, w.num_active);
-  CUDA_RETURN_IF_LAUNCH_ERROR();
   const unsigned max_active = static_cast<unsigned>(std::min<int64_t>(d.experts, a));
   if (wdtype == DType::kBF16 && MmaFits(d.dim) && MmaFits(d.inter) && Aligned16(u) &&
       Aligned16(gate_up) && Aligned16(down)) {
     // Tensor-core path: gate_up with SwiGLU in its epilogue (h in bf16, the precision the down
     // projection reads it at), then down writing y in (t, k) order for the combine.
     __nv_bfloat16* h = reinterpret_cast<__nv_bfloat16*>(w.h);
-    if (absl::Status st = LaunchExpertMma<float, true, kMoeSplitK>(
-            dim3(MmaBlocks<true, kMoeSplitK>(d.inter), max_active), stream, u, d.dim, true, false,
-            d.top_k, static_cast<const __nv_bfloat16*>(gate_up), d.inter, d.dim, d.swiglu_limit,
-            w.order, w.offsets, w.active, w.num_active, 0, h);
+    if (absl::Status st = LaunchExpertMmaSplit<float, true>(
+            MoeSplitK(MmaBlocks<true, 1>(d.inter), max_active), max_active, stream, u, d.dim,
+            true, false, d.top_k, static_cast<const __nv_bfloat16*>(gate_up), d.inter, d.dim,
+            d.swiglu_limit, w.order, w.offsets, w.active, w.num_active, 0, h);
         !st.ok()) {
       return st;
     }
-    if (absl::Status st = LaunchExpertMma<__nv_bfloat16, false, kMoeSplitK>(
-            dim3(MmaBlocks<false, kMoeSplitK>(d.dim), max_active), stream, h, d.inter, false, true,
-            d.top_k, static_cast<const __nv_bfloat16*>(down), d.dim, d.inter, 0.0f, w.order,
-            w.offsets, w.active, w.num_active, 0, w.y);
+    if (absl::Status st = LaunchExpertMmaSplit<__nv_bfloat16, false>(
+            MoeSplitK(MmaBlocks<false, 1>(d.dim), max_active), max_active, stream, h, d.inter,
+            false, true, d.top_k, static_cast<const __nv_bfloat16*>(down), d.dim, d.inter, 0.0f,
+            w.order, w.offsets, w.active, w.num_active, 0, w.y);
         !st.ok()) {
       return st;
     }
