@@ -304,8 +304,10 @@ absl::Status CudaBackend::LeaveEager() {
 absl::Status CudaBackend::Mark(StepMark mark) {
   switch (mark) {
     case StepMark::kSideBegin:
-      // Op profiling times one stream: side work stays on the main stream then.
-      if (profile_ || on_side_ || side_pending_) return absl::OkStatus();
+      // Op profiling times one stream: side work stays on the main stream then. A second side
+      // region before the join queues behind the first on the side stream (the join waits for
+      // the last one).
+      if (profile_ || on_side_) return absl::OkStatus();
       CUDA_RETURN_IF_ERROR(cudaEventRecord(side_fork_.get(), stream_.get()));
       CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side_.get(), side_fork_.get(), 0));
       on_side_ = true;

@@ -644,6 +644,18 @@ absl::Status Dsv4Model::AttentionBlock(int64_t l, const Tensor& x, Tensor out) {
   ASSIGN_OR_RETURN(Tensor cq, be.Scratch(DType::kF32, Shape{T, c.q_lora_rank}));
   RETURN_IF_ERROR(be.Linear(x, lw.q_a_proj, cq));
   RETURN_IF_ERROR(be.RmsNorm(cq, lw.q_a_norm, norm, cq));
+  // Indexer inputs: side work too (they read cq and x only), overlapping the rest of the query.
+  const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
+  Tensor qi, wi;
+  if (csa) {
+    RETURN_IF_ERROR(be.Mark(StepMark::kSideBegin));
+    ASSIGN_OR_RETURN(qi, be.Scratch(DType::kF32, Shape{T, nI, dI}));
+    RETURN_IF_ERROR(be.Linear(cq, lw.index_q_b_proj, qi.View(Shape{T, nI * dI})));
+    RETURN_IF_ERROR(be.Rope(qi, crope));
+    ASSIGN_OR_RETURN(wi, be.Scratch(DType::kF32, Shape{T, nI}));
+    RETURN_IF_ERROR(be.Linear(x, lw.index_weights_proj, wi));
+    RETURN_IF_ERROR(be.Mark(StepMark::kSideEnd));
+  }
   ASSIGN_OR_RETURN(Tensor q, be.Scratch(DType::kF32, Shape{T, H, hd}));
   RETURN_IF_ERROR(be.Linear(cq, lw.q_b_proj, q.View(Shape{T, H * hd})));
   RETURN_IF_ERROR(be.RmsNorm(q, Tensor{}, norm, q));
@@ -656,13 +668,7 @@ absl::Status Dsv4Model::AttentionBlock(int64_t l, const Tensor& x, Tensor out) {
 
   Tensor selected;
   if (csa) {
-    // Indexer inputs on the query path, then its scoring once the index keys are written.
-    const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
-    ASSIGN_OR_RETURN(Tensor qi, be.Scratch(DType::kF32, Shape{T, nI, dI}));
-    RETURN_IF_ERROR(be.Linear(cq, lw.index_q_b_proj, qi.View(Shape{T, nI * dI})));
-    RETURN_IF_ERROR(be.Rope(qi, crope));
-    ASSIGN_OR_RETURN(Tensor wi, be.Scratch(DType::kF32, Shape{T, nI}));
-    RETURN_IF_ERROR(be.Linear(x, lw.index_weights_proj, wi));
+    // The indexer's scoring, once its keys (side work) are written.
     IndexerParams ip;
     ip.ratio = ratio;
     ip.topk = c.index_topk;
