@@ -374,6 +374,9 @@ void Engine::Finish(Live* r, FinishReason reason, const StopInfo& stop, const st
   std::lock_guard<std::mutex> lock(mu_);
   names_.erase(name);
   --stats_.in_flight;
+  // Keep the counts that admission control reads current between steps.
+  stats_.running = static_cast<int32_t>(scheduler_.num_running());
+  stats_.waiting = static_cast<int32_t>(scheduler_.num_waiting());
   idle_cv_.notify_all();
 }
 
@@ -394,6 +397,8 @@ void Engine::FailAll(const std::vector<uint64_t>& ids, const absl::Status& statu
     std::lock_guard<std::mutex> lock(mu_);
     names_.erase(name);
     --stats_.in_flight;
+    stats_.running = static_cast<int32_t>(scheduler_.num_running());
+    stats_.waiting = static_cast<int32_t>(scheduler_.num_waiting());
     idle_cv_.notify_all();
   }
 }

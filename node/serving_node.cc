@@ -136,6 +136,11 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
   if (!last.has_finished()) {
     return absl::InternalError(absl::StrCat("warm-up failed: ", last.error().message()));
   }
+  // The final response is emitted before the engine retires the request: wait until it is gone,
+  // so that the node reports ready with nothing in flight (stats and drains start clean).
+  if (!n->engine_->WaitIdle(std::chrono::seconds(30))) {
+    return absl::InternalError("warm-up request did not retire");
+  }
   n->service_->Attach(&n->runtime_);
   n->grpc_->SetServing(true);
   n->metrics_->ready->Set(1);

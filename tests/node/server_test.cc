@@ -527,22 +527,42 @@ TEST(ServerLifecycle, QueueFullAndDrain) {
   auto node = ServingNode::Start(o);
   ASSERT_TRUE(node.ok()) << node.status();
   const int port = (*node)->grpc_port();
-  // One running + two waiting fill the node; the next call is refused. The running one is long
-  // (seconds, even on a GPU) so that the other two are queued behind it however slow the machine
-  // is; they are short so that the drain below stays quick.
+  // One running + two waiting fill the node; the next call is refused. The running one is as long
+  // as the model allows (seconds); the two short ones are submitted together on channels that
+  // are already connected as soon as it runs, so they queue behind it (submitting them one by one
+  // on fresh channels once lost that race on the GPU host). It is cancelled once the node is
+  // full, and the two short ones finish during the drain.
   GenerateRequest slow = Ids({5, 6, 7}, 4000);
   slow.set_ignore_eos(true);
+  slow.set_request_id("slow");
   GenerateRequest queued = Ids({5, 6, 7}, 50);
   queued.set_ignore_eos(true);
   std::vector<std::thread> calls;
   std::vector<CallResult> results(3);
+  std::vector<std::unique_ptr<Client>> clients;
   for (int i = 0; i < 3; ++i) {
-    calls.emplace_back([&, i] { results[i] = Client(port).Generate(i == 0 ? slow : queued, 300); });
-    ASSERT_TRUE(WaitFor([&] { return (*node)->engine().stats().in_flight >= i + 1; }))
-        << "request " << i << " never became in flight";
+    clients.push_back(std::make_unique<Client>(port));
+    ASSERT_TRUE(clients.back()->channel()->WaitForConnected(std::chrono::system_clock::now() +
+                                                            std::chrono::seconds(30)));
+  }
+  calls.emplace_back([&] { results[0] = clients[0]->Generate(slow, 300); });
+  // Running, not only submitted: a request the engine has not scheduled yet counts as waiting.
+  ASSERT_TRUE(WaitFor([&] { return (*node)->engine().stats().running >= 1; }));
+  for (int i = 1; i < 3; ++i) {
+    calls.emplace_back([&, i] { results[i] = clients[i]->Generate(queued, 300); });
+  }
+  const bool queued_up = WaitFor([&] { return (*node)->engine().stats().in_flight >= 3; });
+  if (!queued_up) {
+    const EngineStats st = (*node)->engine().stats();
+    ADD_FAILURE() << "the short requests did not queue while the long one ran: in_flight "
+                  << st.in_flight << " running " << st.running << " waiting " << st.waiting;
+    for (auto& t : calls) t.join();
+    for (const auto& r : results) ADD_FAILURE() << r.status.error_code() << " " << r.status.error_message();
+    return;
   }
   const CallResult refused = Client(port).Generate(Ids({5}, 2));
   EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.status.error_message();
+  ASSERT_TRUE((*node)->engine().Abort("slow"));
   // Drain with room to finish: everything in flight completes normally; new calls are refused.
   std::thread drainer([&] { EXPECT_TRUE((*node)->Drain(std::chrono::seconds(120))); });
   ASSERT_TRUE(WaitFor([&] { return (*node)->engine().draining(); }));
@@ -557,9 +577,9 @@ TEST(ServerLifecycle, QueueFullAndDrain) {
   }
   drainer.join();
   for (auto& t : calls) t.join();
-  for (const auto& r : results) {
-    ASSERT_NE(r.finished(), nullptr);
-    EXPECT_EQ(r.finished()->finish_reason(), v1::LENGTH);
+  for (size_t i = 0; i < results.size(); ++i) {
+    ASSERT_NE(results[i].finished(), nullptr) << i;
+    EXPECT_EQ(results[i].finished()->finish_reason(), i == 0 ? v1::CANCELLED : v1::LENGTH) << i;
   }
   (*node)->Shutdown();
 }
