@@ -66,7 +66,8 @@ Pair MakeWorkers(int slots, const CudaGraphOptions& graph_options, Precision pre
   WeightsSpec weights;
   weights.synthetic = true;
   weights.seed = 21;
-  auto g = CreateWorker(DeviceChoice{true, 0}, precision, p.config, weights, p.cache, graph_options);
+  auto g =
+      CreateWorker(DeviceChoice{true, 0}, precision, p.config, weights, p.cache, graph_options);
   auto e = CreateWorker(DeviceChoice{true, 0}, precision, p.config, weights, p.cache);
   EXPECT_TRUE(g.ok() && e.ok()) << g.status() << e.status();
   if (g.ok()) p.graph = *std::move(g);
@@ -156,7 +157,8 @@ std::vector<Req> MakeRequests(int n, int min_len, int max_len, int vocab, int32_
   std::vector<Req> reqs(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) {
     Req& r = reqs[static_cast<size_t>(i)];
-    r.prompt.resize(static_cast<size_t>(min_len + static_cast<int>(rng() % (max_len - min_len + 1))));
+    r.prompt.resize(
+        static_cast<size_t>(min_len + static_cast<int>(rng() % (max_len - min_len + 1))));
     for (auto& t : r.prompt) t = static_cast<int32_t>(2 + rng() % (vocab - 2));
     r.arrival = i * stagger;
     r.slot = i;
@@ -168,9 +170,9 @@ std::vector<Req> MakeRequests(int n, int min_len, int max_len, int vocab, int32_
 // ---- capture short, replay long --------------------------------------------------------------
 
 struct ShortLongResult {
-  double max_logprob_diff = 0;   // top-2 log-probabilities, graph vs eager, on the long replays
-  int token_mismatches = 0;      // greedy ids that differ where eager's margin exceeds 1e-3
-  int long_replays = 0;          // FULL steps replayed (not captured) on the long sequence
+  double max_logprob_diff = 0;  // top-2 log-probabilities, graph vs eager, on the long replays
+  int token_mismatches = 0;     // greedy ids that differ where eager's margin exceeds 1e-3
+  int long_replays = 0;         // FULL steps replayed (not captured) on the long sequence
 };
 
 // Prefills a short and a long sequence eagerly, then decodes the short one first under FULL
@@ -183,7 +185,8 @@ ShortLongResult CaptureShortReplayLong(const CudaGraphOptions& options) {
   Pair p = MakeWorkers(2, options, Precision::kFP32);
   if (!p.graph || !p.eager) return res;
   const int32_t per_seq = kMaxLen / p.cache.block_size;
-  std::vector<Req> reqs = MakeRequests(2, 32, 32, static_cast<int>(p.config.vocab_size), per_seq, 0, 5);
+  std::vector<Req> reqs =
+      MakeRequests(2, 32, 32, static_cast<int>(p.config.vocab_size), per_seq, 0, 5);
   reqs[1].prompt.resize(3000);
   std::mt19937 rng(6);
   for (auto& t : reqs[1].prompt) t = static_cast<int32_t>(2 + rng() % (p.config.vocab_size - 2));
@@ -243,8 +246,9 @@ ShortLongResult CaptureShortReplayLong(const CudaGraphOptions& options) {
 TEST(CudaGraphs, CaptureShortReplayLongMatchesEager) {
   DSV4_REQUIRE_GPU();
   const ShortLongResult r = CaptureShortReplayLong(CudaGraphOptions{});
-  std::printf("    capture short / replay long: max |logprob diff| %.3g, %d replays, %d mismatches\n",
-              r.max_logprob_diff, r.long_replays, r.token_mismatches);
+  std::printf(
+      "    capture short / replay long: max |logprob diff| %.3g, %d replays, %d mismatches\n",
+      r.max_logprob_diff, r.long_replays, r.token_mismatches);
   EXPECT_EQ(r.long_replays, 6);  // captured once (short), replayed at every long step
   EXPECT_LT(r.max_logprob_diff, 1e-3);
   EXPECT_EQ(r.token_mismatches, 0);
@@ -277,8 +281,8 @@ TEST(CudaGraphs, GraphEqualsEagerUnderConcurrentLongContextLoad) {
   Pair p = MakeWorkers(kRequests, CudaGraphOptions{}, Precision::kFP32);
   ASSERT_TRUE(p.graph && p.eager);
   const int32_t per_seq = kMaxLen / p.cache.block_size;
-  const std::vector<Req> init = MakeRequests(kRequests, 2100, 2800,
-                                             static_cast<int>(p.config.vocab_size), per_seq, 3, 8);
+  const std::vector<Req> init =
+      MakeRequests(kRequests, 2100, 2800, static_cast<int>(p.config.vocab_size), per_seq, 3, 8);
   auto spec = Greedy();
   struct Run {
     std::vector<Req> reqs;
@@ -335,11 +339,11 @@ TEST(CudaGraphs, GraphEqualsEagerUnderConcurrentLongContextLoad) {
     EXPECT_LT(b.margin[k], 1e-3f) << "request " << i << " parts from eager at output " << k
                                   << " with a clear margin " << b.margin[k];
   }
-  std::printf("    %d requests: %d identical, %d parted at a numerical tie; FULL steps %lld, "
-              "PIECEWISE steps %lld, captures %lld; length-capped graph %d / eager %d\n",
-              kRequests, identical, tie_divergences, static_cast<long long>(g.full),
-              static_cast<long long>(g.piecewise), static_cast<long long>(g.captures), capped_g,
-              capped_e);
+  std::printf(
+      "    %d requests: %d identical, %d parted at a numerical tie; FULL steps %lld, "
+      "PIECEWISE steps %lld, captures %lld; length-capped graph %d / eager %d\n",
+      kRequests, identical, tie_divergences, static_cast<long long>(g.full),
+      static_cast<long long>(g.piecewise), static_cast<long long>(g.captures), capped_g, capped_e);
   EXPECT_GT(g.full, 0);
   EXPECT_GT(g.piecewise, 0);
   EXPECT_EQ(g.eager, 0);
@@ -363,7 +367,8 @@ TEST(CudaGraphs, PaddingRowsWriteNoState) {
   cache.max_model_len = 1024;
   cache.num_blocks = 3 * (1024 / DefaultBlockSize(*config));
   auto run = [&](int32_t padded, std::vector<std::vector<float>>* pools_after) {
-    auto model = Dsv4Model::LoadSynthetic(*config, 3, *CreateCudaBackend(0, Precision::kFP32), cache);
+    auto model =
+        Dsv4Model::LoadSynthetic(*config, 3, *CreateCudaBackend(0, Precision::kFP32), cache);
     EXPECT_TRUE(model.ok()) << model.status();
     Backend& be = (*model)->backend();
     for (const auto& [name, t] : (*model)->Pools()) {

@@ -110,8 +110,8 @@ absl::StatusOr<Tensor> CudaBackend::CreateWeight(const HostTensor& src, WeightUs
   }
   const size_t have = src.dtype == DType::kI32 ? src.i32.size() : src.f32.size();
   if (have != static_cast<size_t>(src.shape.numel())) {
-    return absl::InvalidArgumentError(absl::StrCat("weight data has ", have, " values for shape ",
-                                                   src.shape.ToString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight data has ", have, " values for shape ", src.shape.ToString()));
   }
   const bool bf16 = src.dtype == DType::kF32 && use == WeightUse::kMatrix &&
                     options_.matrix_dtype == DType::kBF16;
@@ -126,19 +126,22 @@ absl::StatusOr<Tensor> CudaBackend::CreateWeight(const HostTensor& src, WeightUs
   return t;
 }
 
-absl::StatusOr<Tensor> CudaBackend::CreateSyntheticWeight(const SyntheticSpec& spec, WeightUse use) {
+absl::StatusOr<Tensor> CudaBackend::CreateSyntheticWeight(const SyntheticSpec& spec,
+                                                          WeightUse use) {
   if (spec.dtype == DType::kI32) {
-    if (spec.modulus < 1) return absl::InvalidArgumentError("synthetic index table needs modulus >= 1");
+    if (spec.modulus < 1)
+      return absl::InvalidArgumentError("synthetic index table needs modulus >= 1");
     ASSIGN_OR_RETURN(Tensor t, AllocPersistent(DType::kI32, spec.shape));
-    RETURN_IF_ERROR(cuda::FillIndices(t.ptr<int32_t>(), t.numel(), spec.seed, spec.modulus,
-                                      stream_.get()));
+    RETURN_IF_ERROR(
+        cuda::FillIndices(t.ptr<int32_t>(), t.numel(), spec.seed, spec.modulus, stream_.get()));
     return t;
   }
-  if (spec.dtype != DType::kF32) return absl::InvalidArgumentError("synthetic weights are f32 or i32");
+  if (spec.dtype != DType::kF32)
+    return absl::InvalidArgumentError("synthetic weights are f32 or i32");
   const DType dtype = use == WeightUse::kMatrix ? options_.matrix_dtype : DType::kF32;
   ASSIGN_OR_RETURN(Tensor t, AllocPersistent(dtype, spec.shape));
-  RETURN_IF_ERROR(cuda::FillUniform(t.data, dtype, t.numel(), spec.seed, spec.lo, spec.hi,
-                                    stream_.get()));
+  RETURN_IF_ERROR(
+      cuda::FillUniform(t.data, dtype, t.numel(), spec.seed, spec.lo, spec.hi, stream_.get()));
   return t;
 }
 
@@ -187,12 +190,13 @@ absl::Status CudaBackend::BeginStep(const StepMeta& meta) {
   const int64_t R = static_cast<int64_t>(meta.logit_rows.size());
   if (static_cast<int64_t>(meta.token_ids.size()) != T ||
       static_cast<int64_t>(meta.seq_begin.size()) != S + 1 ||
-      static_cast<int64_t>(meta.block_table.size()) != static_cast<int64_t>(S) * meta.block_stride) {
+      static_cast<int64_t>(meta.block_table.size()) !=
+          static_cast<int64_t>(S) * meta.block_stride) {
     return absl::InvalidArgumentError("cuda backend: inconsistent step metadata");
   }
   // One int32 array: ids, positions, token_seq, seq_begin, start_pos, slots, block table, rows.
-  const int64_t words = 3 * int64_t{T} + (S + 1) + 2 * int64_t{S} +
-                        static_cast<int64_t>(meta.block_table.size()) + R;
+  const int64_t words =
+      3 * int64_t{T} + (S + 1) + 2 * int64_t{S} + static_cast<int64_t>(meta.block_table.size()) + R;
   const size_t bytes = sizeof(int32_t) * static_cast<size_t>(words);
   // The previous step's transfer must be done before the staging buffer is rewritten.
   CUDA_RETURN_IF_ERROR(cudaEventSynchronize(meta_copied_.get()));
@@ -228,9 +232,8 @@ absl::Status CudaBackend::BeginStep(const StepMeta& meta) {
   view_.force_indexer_scoring = meta.force_indexer_scoring;
   logit_rows_ = put(meta.logit_rows);
   num_logit_rows_ = static_cast<int32_t>(R);
-  max_position_ = meta.positions.empty()
-                      ? -1
-                      : *std::max_element(meta.positions.begin(), meta.positions.end());
+  max_position_ =
+      meta.positions.empty() ? -1 : *std::max_element(meta.positions.begin(), meta.positions.end());
   max_position_bound_ = meta.max_position_bound;
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream_.get()));
   CUDA_RETURN_IF_ERROR(cudaEventRecord(meta_copied_.get(), stream_.get()));
@@ -252,7 +255,8 @@ absl::Status CudaBackend::BeginCapture() {
 
 absl::Status CudaBackend::BeginPiecewise(PiecewiseGraph* g, bool capture, EagerRegion region) {
   if (pw_ != nullptr) return absl::FailedPreconditionError("a piecewise step is already open");
-  if (!capture && !g->captured) return absl::FailedPreconditionError("piecewise graph not captured");
+  if (!capture && !g->captured)
+    return absl::FailedPreconditionError("piecewise graph not captured");
   pw_ = g;
   pw_capture_ = capture;
   pw_region_ = region;
@@ -277,8 +281,8 @@ absl::Status CudaBackend::CutSegment() {
   } else if (pw_segment_ >= pw_->segments.size() || pw_->arena_marks[pw_segment_] != mark) {
     // The model's scratch addresses differ from the capture's: replaying would read and write
     // the wrong memory.
-    return absl::InternalError(absl::StrCat("piecewise replay diverged from its capture at segment ",
-                                            pw_segment_));
+    return absl::InternalError(
+        absl::StrCat("piecewise replay diverged from its capture at segment ", pw_segment_));
   }
   RETURN_IF_ERROR(pw_->segments[pw_segment_].Launch(stream_.get()));
   ++pw_segment_;
@@ -337,7 +341,8 @@ absl::Status CudaBackend::Mark(StepMark mark) {
     case StepMark::kSideJoin:
       break;
     case StepMark::kLayersEnd: {
-      if (eager_depth_ != 0) return absl::InternalError("piecewise step ended inside an eager region");
+      if (eager_depth_ != 0)
+        return absl::InternalError("piecewise step ended inside an eager region");
       skip_ = false;
       absl::Status st = CutSegment();
       if (st.ok() && !pw_capture_ && pw_segment_ != pw_->segments.size()) {
@@ -377,13 +382,20 @@ void CudaBackend::AbortGraphs() {
 
 std::vector<uintptr_t> CudaBackend::Baked(bool with_head) const {
   auto p = [](const void* x) { return reinterpret_cast<uintptr_t>(x); };
-  std::vector<uintptr_t> baked = {
-      p(view_.token_ids), p(view_.positions), p(view_.token_seq), p(view_.seq_begin),
-      p(view_.seq_start_pos), p(view_.state_slot), p(view_.block_table),
-      static_cast<uintptr_t>(view_.num_tokens), static_cast<uintptr_t>(view_.num_seqs),
-      static_cast<uintptr_t>(view_.block_stride), static_cast<uintptr_t>(view_.block_size),
-      static_cast<uintptr_t>(max_position_bound_), static_cast<uintptr_t>(view_.force_indexer_scoring),
-      meta_generation_};
+  std::vector<uintptr_t> baked = {p(view_.token_ids),
+                                  p(view_.positions),
+                                  p(view_.token_seq),
+                                  p(view_.seq_begin),
+                                  p(view_.seq_start_pos),
+                                  p(view_.state_slot),
+                                  p(view_.block_table),
+                                  static_cast<uintptr_t>(view_.num_tokens),
+                                  static_cast<uintptr_t>(view_.num_seqs),
+                                  static_cast<uintptr_t>(view_.block_stride),
+                                  static_cast<uintptr_t>(view_.block_size),
+                                  static_cast<uintptr_t>(max_position_bound_),
+                                  static_cast<uintptr_t>(view_.force_indexer_scoring),
+                                  meta_generation_};
   if (with_head) {
     baked.push_back(p(logit_rows_));
     baked.push_back(static_cast<uintptr_t>(num_logit_rows_));
@@ -446,7 +458,8 @@ absl::Status CudaBackend::Linear(const Tensor& x, const Tensor& w, Tensor y) {
   return gemm().Run(s, xin, w.data, y.ptr<float>(), cur_stream());
 }
 
-absl::Status CudaBackend::GroupedLinear(const Tensor& x, const Tensor& w, int64_t groups, Tensor y) {
+absl::Status CudaBackend::GroupedLinear(const Tensor& x, const Tensor& w, int64_t groups,
+                                        Tensor y) {
   RETURN_IF_ERROR(op_checks::GroupedLinear(x, w, groups, y));
   if (skip()) return absl::OkStatus();
   ProfileScope prof(profile_.get(), cur_stream(), "GroupedLinear", x, w);
@@ -513,8 +526,8 @@ absl::StatusOr<Tensor> CudaBackend::HcMix(const Tensor& hs, const Tensor& fn) {
   const int64_t T = hs.dim(0), nd = hs.dim(1) * hs.dim(2), rows = fn.numel() / nd;
   const int64_t parts = cuda::HcMixParts(T, nd);
   ASSIGN_OR_RETURN(Tensor mix, OpScratch(DType::kF32, Shape{parts, T, rows + 1}));
-  RETURN_IF_ERROR(cuda::HcMix(hs.ptr<float>(), T, nd, fn.ptr<float>(), rows, mix.ptr<float>(),
-                              cur_stream()));
+  RETURN_IF_ERROR(
+      cuda::HcMix(hs.ptr<float>(), T, nd, fn.ptr<float>(), rows, mix.ptr<float>(), cur_stream()));
   return mix;
 }
 
@@ -525,8 +538,9 @@ absl::Status CudaBackend::HcPre(const Tensor& hs, const Tensor& fn, const Tensor
   if (skip()) return absl::OkStatus();
   ProfileScope prof(profile_.get(), cur_stream(), "HcPre", hs);
   ASSIGN_OR_RETURN(Tensor mix, HcMix(hs, fn));
-  return cuda::HcPre(op_checks::HcShapeOf(hs, p), hs.ptr<float>(), mix.ptr<float>(), mix.dim(0), F(base), F(scale),
-                     collapsed.ptr<float>(), post.ptr<float>(), comb.ptr<float>(), cur_stream());
+  return cuda::HcPre(op_checks::HcShapeOf(hs, p), hs.ptr<float>(), mix.ptr<float>(), mix.dim(0),
+                     F(base), F(scale), collapsed.ptr<float>(), post.ptr<float>(),
+                     comb.ptr<float>(), cur_stream());
 }
 
 absl::Status CudaBackend::HcPost(const Tensor& hs, const Tensor& f, const Tensor& post,
@@ -536,8 +550,8 @@ absl::Status CudaBackend::HcPost(const Tensor& hs, const Tensor& f, const Tensor
   ProfileScope prof(profile_.get(), cur_stream(), "HcPost", hs);
   HcParams p;
   p.hc_mult = hs.dim(1);
-  return cuda::HcPost(op_checks::HcShapeOf(hs, p), hs.ptr<float>(), f.ptr<float>(), post.ptr<float>(),
-                      comb.ptr<float>(), out.ptr<float>(), cur_stream());
+  return cuda::HcPost(op_checks::HcShapeOf(hs, p), hs.ptr<float>(), f.ptr<float>(),
+                      post.ptr<float>(), comb.ptr<float>(), out.ptr<float>(), cur_stream());
 }
 
 absl::Status CudaBackend::HcHead(const Tensor& hs, const Tensor& fn, const Tensor& base,
@@ -546,8 +560,8 @@ absl::Status CudaBackend::HcHead(const Tensor& hs, const Tensor& fn, const Tenso
   if (skip()) return absl::OkStatus();
   ProfileScope prof(profile_.get(), cur_stream(), "HcHead", hs);
   ASSIGN_OR_RETURN(Tensor mix, HcMix(hs, fn));
-  return cuda::HcHead(op_checks::HcShapeOf(hs, p), hs.ptr<float>(), mix.ptr<float>(), mix.dim(0), F(base), F(scale),
-                      y.ptr<float>(), cur_stream());
+  return cuda::HcHead(op_checks::HcShapeOf(hs, p), hs.ptr<float>(), mix.ptr<float>(), mix.dim(0),
+                      F(base), F(scale), y.ptr<float>(), cur_stream());
 }
 
 absl::Status CudaBackend::Compress(const CompressParams& p, const Tensor& a, const Tensor& z,
@@ -568,8 +582,8 @@ absl::Status CudaBackend::Compress(const CompressParams& p, const Tensor& a, con
 
 absl::Status CudaBackend::IndexerTopK(const IndexerParams& p, const Tensor& q,
                                       const Tensor& weights, const Tensor& keys, Tensor out) {
-  RETURN_IF_ERROR(op_checks::IndexerTopK(p, q, weights, keys, out, view_.num_tokens,
-                                         view_.block_size));
+  RETURN_IF_ERROR(
+      op_checks::IndexerTopK(p, q, weights, keys, out, view_.num_tokens, view_.block_size));
   cuda::IndexerDims d;
   d.heads = q.dim(1);
   d.dim = q.dim(2);
@@ -590,8 +604,8 @@ absl::Status CudaBackend::IndexerTopK(const IndexerParams& p, const Tensor& q,
     RETURN_IF_ERROR(cuda::IndexerSelectAll(d, view_, out.ptr<int32_t>(), stream_.get()));
     return LeaveEager();
   }
-  ASSIGN_OR_RETURN(Tensor scores,
-                   OpScratch(DType::kF32, Shape{view_.num_tokens, std::max<int64_t>(max_visible, 1)}));
+  ASSIGN_OR_RETURN(Tensor scores, OpScratch(DType::kF32, Shape{view_.num_tokens,
+                                                               std::max<int64_t>(max_visible, 1)}));
   RETURN_IF_ERROR(cuda::IndexerTopK(d, view_, q.ptr<float>(), weights.ptr<float>(),
                                     keys.ptr<float>(), max_visible, scores.ptr<float>(),
                                     out.ptr<int32_t>(), stream_.get()));
@@ -614,7 +628,10 @@ absl::Status CudaBackend::Attention(const AttentionParams& p, const Tensor& q, c
   // bf16 precision: tensor-core attention (bf16 q/keys/P, fp32 accumulate and softmax).
   d.bf16_tensor_cores = matrix_dtype() == DType::kBF16;
   RETURN_IF_ERROR(EnterEager());  // piecewise: the attention core runs between segments
-  ProfileScope prof(profile_.get(), stream_.get(), p.ratio == 0 ? "Attention sliding" : p.dense_compressed ? "Attention HCA" : "Attention CSA", q);
+  const char* kind = p.ratio == 0         ? "Attention sliding"
+                     : p.dense_compressed ? "Attention HCA"
+                                          : "Attention CSA";
+  ProfileScope prof(profile_.get(), stream_.get(), kind, q);
   // Keys of the latest token: its window plus its visible (dense) or selected entries; sized by
   // the capacity bound while capturing (the key splits are baked into the graph).
   ASSIGN_OR_RETURN(const int64_t max_pos, LaunchMaxPosition());
@@ -668,10 +685,10 @@ absl::Status CudaBackend::MoeExperts(const Tensor& u, const Tensor& idx, const T
   d.experts = gate_up.dim(0);
   d.top_k = idx.dim(1);
   d.swiglu_limit = swiglu_limit;
-  ASSIGN_OR_RETURN(Tensor ws, OpScratch(DType::kU8, Shape{static_cast<int64_t>(cuda::MoeWorkspaceBytes(d))}));
-  return cuda::MoeExperts(d, u.ptr<float>(), idx.ptr<int32_t>(), weights.ptr<float>(),
-                          gate_up.data, down.data, gate_up.dtype, ws.data, out.ptr<float>(),
-                          cur_stream());
+  ASSIGN_OR_RETURN(Tensor ws,
+                   OpScratch(DType::kU8, Shape{static_cast<int64_t>(cuda::MoeWorkspaceBytes(d))}));
+  return cuda::MoeExperts(d, u.ptr<float>(), idx.ptr<int32_t>(), weights.ptr<float>(), gate_up.data,
+                          down.data, gate_up.dtype, ws.data, out.ptr<float>(), cur_stream());
 }
 
 absl::Status CudaBackend::SwiGlu(const Tensor& gate_up, float limit, Tensor h) {

@@ -56,7 +56,6 @@ cuda::SampleRow InertRow() {
 
 }  // namespace
 
-
 absl::StatusOr<std::unique_ptr<CudaWorker>> CudaWorker::Create(std::unique_ptr<Dsv4Model> model,
                                                                CudaGraphOptions graphs) {
   auto* backend = dynamic_cast<CudaBackend*>(&model->backend());
@@ -118,7 +117,8 @@ absl::Status CudaWorker::RunFull(int32_t padded, int64_t rows, const void* host_
   auto* dev_rows = reinterpret_cast<cuda::SampleRow*>(io);
   auto* dev_outs = reinterpret_cast<cuda::SampleOut*>(io + rows_bytes);
   auto* dev_mask = reinterpret_cast<int32_t*>(io + rows_bytes + outs_bytes);
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev_rows, host_rows, rows_bytes, cudaMemcpyHostToDevice, stream));
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(dev_rows, host_rows, rows_bytes, cudaMemcpyHostToDevice, stream));
   if (masked > 0) {
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev_mask, host_mask, sizeof(int32_t) * masked,
                                          cudaMemcpyHostToDevice, stream));
@@ -199,8 +199,8 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
   const int32_t padded_seqs = std::min(padded, model_->cache().num_slots + 1);
   if (mode != GraphMode::kEager) {
     const bool fits = padded >= T && S + (T < padded ? 1 : 0) <= padded_seqs;
-    const bool full_ok = mode != GraphMode::kFull ||
-                         (masked <= kGraphMaskIds && !full_[padded].failed);
+    const bool full_ok =
+        mode != GraphMode::kFull || (masked <= kGraphMaskIds && !full_[padded].failed);
     // Op profiling times eager launches only.
     if (options_.enforce_eager || !fits || !full_ok || backend_->profile() != nullptr) {
       mode = GraphMode::kEager;
@@ -295,8 +295,8 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
   }
   const void* outs_dev = d + at_out;
   if (full) {
-    RETURN_IF_ERROR(RunFull(padded, sample_rows, sample_rows_h, mask, masked, &result.graph,
-                            &outs_dev));
+    RETURN_IF_ERROR(
+        RunFull(padded, sample_rows, sample_rows_h, mask, masked, &result.graph, &outs_dev));
   } else {
     absl::StatusOr<Tensor> logits;
     if (mode == GraphMode::kPiecewise) {
@@ -329,11 +329,10 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
     if (rows > 0) {
       if (OpProfile* prof = backend_->profile()) prof->Begin("Sample", stream);
       ASSIGN_OR_RETURN(Tensor work, backend_->Scratch(DType::kF32, Shape{rows, vocab}));
-      RETURN_IF_ERROR(cuda::Sample(logits->ptr<float>(), rows, vocab,
-                                   reinterpret_cast<const cuda::SampleRow*>(d + at_rows),
-                                   reinterpret_cast<const int32_t*>(d + at_mask), seen, outputs,
-                                   work.ptr<float>(), reinterpret_cast<cuda::SampleOut*>(d + at_out),
-                                   stream));
+      RETURN_IF_ERROR(cuda::Sample(
+          logits->ptr<float>(), rows, vocab, reinterpret_cast<const cuda::SampleRow*>(d + at_rows),
+          reinterpret_cast<const int32_t*>(d + at_mask), seen, outputs, work.ptr<float>(),
+          reinterpret_cast<cuda::SampleOut*>(d + at_out), stream));
       if (OpProfile* prof = backend_->profile()) prof->End(stream);
     }
   }

@@ -83,18 +83,20 @@ std::string OpProfile::Report() const {
     all += r.us_per_step;
     rows.push_back(std::move(r));
   }
-  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.us_per_step > b.us_per_step; });
+  std::sort(rows.begin(), rows.end(),
+            [](const Row& a, const Row& b) { return a.us_per_step > b.us_per_step; });
   char line[256];
   std::snprintf(line, sizeof(line),
                 "op profile (DSV4_PROFILE_OPS=1): %lld eager steps, %.1f us of GPU time per step\n",
                 static_cast<long long>(steps_), all);
   std::string out = line;
-  std::snprintf(line, sizeof(line), "%-52s %10s %12s %10s %7s\n", "op", "calls/step",
-                "median us", "us/step", "share");
+  std::snprintf(line, sizeof(line), "%-52s %10s %12s %10s %7s\n", "op", "calls/step", "median us",
+                "us/step", "share");
   out += line;
   for (const Row& r : rows) {
     std::snprintf(line, sizeof(line), "%-52s %10.2f %12.2f %10.1f %6.1f%%\n", r.key.c_str(),
-                  r.calls_per_step, r.median_us, r.us_per_step, 100.0 * r.us_per_step / std::max(all, 1e-12));
+                  r.calls_per_step, r.median_us, r.us_per_step,
+                  100.0 * r.us_per_step / std::max(all, 1e-12));
     out += line;
   }
   return out;
