@@ -1,5 +1,7 @@
 #include "kernels/cuda/indexer.h"
 
+#include <algorithm>
+
 #include <cstdint>
 
 #include "kernels/common/cuda_check.h"
@@ -30,6 +32,7 @@ __global__ void SelectAllKernel(IndexerDims s, RaggedBatchView b, int32_t* out) 
 // partial sums in ascending d, then added), ReLU·score_scale is staged in shared memory and one warp
 // sums the heads in ascending order: bitwise the same scores as the one-thread-per-entry kernel.
 constexpr int kScoreEntries = 32;
+constexpr int64_t kMaxScoreBlocks = 16384;
 
 template <int kHeads>
 struct ScoreCfg {
@@ -49,8 +52,7 @@ __global__ void __launch_bounds__(ScoreCfg<kHeads>::kThreads)
   __shared__ float spart[kHeads][kScoreEntries];
   const int32_t t = blockIdx.y;
   const int64_t v = Visible(b, t, s.ratio);
-  const int64_t e0 = static_cast<int64_t>(blockIdx.x) * kScoreEntries;
-  if (e0 >= v) return;  // uniform over the block
+  if (static_cast<int64_t>(blockIdx.x) * kScoreEntries >= v) return;  // uniform over the block
   if (v <= s.topk && !b.force_indexer_scoring) return;  // the select takes all: no scores read
   const int dim4 = static_cast<int>(s.dim >> 2);
   const int n4 = kHeads * dim4;
@@ -78,6 +80,10 @@ __global__ void __launch_bounds__(ScoreCfg<kHeads>::kThreads)
   __syncthreads();
   const int lane = threadIdx.x & 31;
   const int group = threadIdx.x >> 5;
+  // Grid-stride over chunks of 32 entries: the grid is capped (a graph's grid is sized by the
+  // capacity bound, which can be far above the live context); e0 < v is uniform over the block.
+  for (int64_t e0 = static_cast<int64_t>(blockIdx.x) * kScoreEntries; e0 < v;
+       e0 += static_cast<int64_t>(gridDim.x) * kScoreEntries) {
   const int64_t e = e0 + lane;
   if (e < v) {
     const float4* k4 = reinterpret_cast<const float4*>(keys + EntryRow(b, b.token_seq[t], e, s.ratio) * s.dim);
@@ -116,6 +122,8 @@ __global__ void __launch_bounds__(ScoreCfg<kHeads>::kThreads)
 #pragma unroll
     for (int h = 0; h < kHeads; ++h) score += sw[h] * spart[h][lane];
     scores[t * max_visible + e] = score;
+  }
+  __syncthreads();  // spart is rewritten by the next chunk
   }
 }
 
@@ -335,7 +343,10 @@ absl::Status IndexerTopK(const IndexerDims& s, const RaggedBatchView& b, const f
   if (b.num_tokens == 0) return absl::OkStatus();
   if (s.dim % 4 != 0) return absl::UnimplementedError("index_head_dim must be a multiple of 4");
   if (max_visible > 0) {
-    const dim3 grid(static_cast<unsigned>((max_visible + kScoreEntries - 1) / kScoreEntries),
+    // About 16k blocks in all at most; larger candidate counts loop inside the blocks.
+    const int64_t chunks = (max_visible + kScoreEntries - 1) / kScoreEntries;
+    const int64_t per_token = std::max<int64_t>(1, kMaxScoreBlocks / b.num_tokens);
+    const dim3 grid(static_cast<unsigned>(std::min(chunks, per_token)),
                     static_cast<unsigned>(b.num_tokens));
     const size_t smem = sizeof(float) * static_cast<size_t>(s.heads * s.dim);
     decltype(&ScoreKernel<4>) kernel = nullptr;
@@ -364,10 +375,14 @@ absl::Status IndexerTopK(const IndexerDims& s, const RaggedBatchView& b, const f
   }
   const int64_t smem_keys = max_visible <= kSmemKeys ? max_visible : 0;
   const size_t select_smem = sizeof(uint32_t) * static_cast<size_t>(smem_keys);
+  // The attribute only ever grows: a graph captured with a larger size must still launch after an
+  // eager step asked for less.
+  static size_t select_smem_set = 0;
   if (select_smem > 0) {
+    select_smem_set = std::max(select_smem_set, select_smem);
     CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(SelectKernel,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              static_cast<int>(select_smem)));
+                                              static_cast<int>(select_smem_set)));
   }
   SelectKernel<<<b.num_tokens, kSelectThreads, select_smem, stream>>>(s, b, scores, max_visible,
                                                                       smem_keys, out);

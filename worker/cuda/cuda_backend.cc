@@ -180,8 +180,13 @@ absl::StatusOr<Tensor> CudaBackend::Bump(Arena* arena, DType dtype, Shape shape)
 absl::Status CudaBackend::BeginStep(const StepMeta& meta) {
   CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
   if (pw_ != nullptr || eager_depth_ != 0 || on_side_ || side_pending_) {
-    return absl::FailedPreconditionError("cuda backend: a piecewise step or side region is open");
+    // A failed step left a capture, piecewise run or side region open: close it (joining the
+    // side stream) so that one error does not fail every later step.
+    std::fputs("cuda backend: closing a graph capture or side region left open by a failed step\n",
+               stderr);
+    AbortGraphs();
   }
+  step_scores_ = Tensor{};
   for (Arena* a : {&model_arena_, &op_arena_}) {
     a->block = 0;
     a->offset = 0;
@@ -257,7 +262,6 @@ absl::Status CudaBackend::BeginPiecewise(PiecewiseGraph* g, bool capture, EagerR
   if (pw_ != nullptr) return absl::FailedPreconditionError("a piecewise step is already open");
   if (!capture && !g->captured)
     return absl::FailedPreconditionError("piecewise graph not captured");
-  pw_ = g;
   pw_capture_ = capture;
   pw_region_ = region;
   pw_segment_ = 0;
@@ -266,9 +270,11 @@ absl::Status CudaBackend::BeginPiecewise(PiecewiseGraph* g, bool capture, EagerR
     g->segments.clear();
     g->arena_marks.clear();
     g->captured = false;
-    return BeginCapture();
+    RETURN_IF_ERROR(BeginCapture());
+  } else {
+    skip_ = true;
   }
-  skip_ = true;
+  pw_ = g;
   return absl::OkStatus();
 }
 
@@ -357,6 +363,15 @@ absl::Status CudaBackend::Mark(StepMark mark) {
 }
 
 void CudaBackend::AbortGraphs() {
+  if (on_side_ || side_pending_) {
+    // Join the side stream first: nothing is left behind on it, and a capture that forked onto
+    // it can end (an unjoined fork makes cudaStreamEndCapture fail).
+    cudaEventRecord(side_done_.get(), side_.get());
+    cudaStreamWaitEvent(stream_.get(), side_done_.get(), 0);
+    cudaGetLastError();
+  }
+  on_side_ = false;
+  side_pending_ = false;
   absl::StatusOr<bool> capturing = Capturing();
   if (capturing.ok() && *capturing) {
     cudaGraph_t g = nullptr;
@@ -370,14 +385,6 @@ void CudaBackend::AbortGraphs() {
   pw_ = nullptr;
   eager_depth_ = 0;
   skip_ = false;
-  if (on_side_ || side_pending_) {
-    // Join the side stream so that nothing is left behind on it.
-    cudaEventRecord(side_done_.get(), side_.get());
-    cudaStreamWaitEvent(stream_.get(), side_done_.get(), 0);
-    cudaGetLastError();
-  }
-  on_side_ = false;
-  side_pending_ = false;
 }
 
 std::vector<uintptr_t> CudaBackend::Baked(bool with_head) const {
@@ -604,8 +611,13 @@ absl::Status CudaBackend::IndexerTopK(const IndexerParams& p, const Tensor& q,
     RETURN_IF_ERROR(cuda::IndexerSelectAll(d, view_, out.ptr<int32_t>(), stream_.get()));
     return LeaveEager();
   }
-  ASSIGN_OR_RETURN(Tensor scores, OpScratch(DType::kF32, Shape{view_.num_tokens,
-                                                               std::max<int64_t>(max_visible, 1)}));
+  // One scores buffer per step, shared by the CSA layers (they run one after another on the main
+  // stream): under capture it is sized by the capacity bound, which can be large.
+  const int64_t need = int64_t{view_.num_tokens} * std::max<int64_t>(max_visible, 1);
+  if (step_scores_.empty() || step_scores_.numel() < need) {
+    ASSIGN_OR_RETURN(step_scores_, OpScratch(DType::kF32, Shape{need}));
+  }
+  const Tensor& scores = step_scores_;
   RETURN_IF_ERROR(cuda::IndexerTopK(d, view_, q.ptr<float>(), weights.ptr<float>(),
                                     keys.ptr<float>(), max_visible, scores.ptr<float>(),
                                     out.ptr<int32_t>(), stream_.get()));

@@ -179,6 +179,7 @@ class CudaBackend final : public Backend {
   int32_t num_logit_rows_ = 0;
   int32_t max_position_ = -1;
   int32_t max_position_bound_ = -1;
+  Tensor step_scores_;  // the indexer's scores of this step (op arena)
   bool shortcut_in_capture_ = false;
   // Piecewise state.
   PiecewiseGraph* pw_ = nullptr;
