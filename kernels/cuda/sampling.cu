@@ -55,48 +55,13 @@ __device__ ArgMax BlockArgMax(ArgMax a, double* sv, int32_t* si) {
   return r;
 }
 
-__global__ void __launch_bounds__(kThreads) SampleKernel(const float* logits, int64_t vocab,
-                                                         const SampleRow* params,
-                                                         const int32_t* mask_ids,
-                                                         const int32_t* seen,
-                                                         const int32_t* output, float* work,
-                                                         SampleOut* out) {
-  __shared__ double sv[32];
-  __shared__ int32_t si[32];
-  __shared__ double sd[32];
-  __shared__ float sf[32];
-  const int64_t row = blockIdx.x;
-  const SampleRow p = params[row];
-  const float* raw = logits + row * vocab;
-  float* l = work + row * vocab;
-  SampleOut* o = out + row;
-
-  // Raw log-probabilities first (before penalties change the row).
-  double lse = 0;
-  if (p.logprobs > 0) {
-    float mx = -INFINITY;
-    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) mx = fmaxf(mx, raw[i]);
-    mx = BlockMax(mx, sf);
-    double sum = 0;
-    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) sum += exp(static_cast<double>(raw[i]) - mx);
-    sum = BlockSumD(sum, sd);
-    lse = mx + log(sum);
-    // Top-n by repeated argmax, excluding earlier picks.
-    for (int n = 0; n < p.logprobs && n < kMaxLogprobs; ++n) {
-      ArgMax a{-INFINITY, INT32_MAX};
-      for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-        bool taken = false;
-        for (int k = 0; k < n; ++k) taken |= o->top_ids[k] == i;
-        if (!taken && (raw[i] > a.v || (raw[i] == a.v && i < a.i))) a = {raw[i], static_cast<int32_t>(i)};
-      }
-      a = BlockArgMax(a, sv, si);
-      if (threadIdx.x == 0) {
-        o->top_ids[n] = a.i;
-        o->top_logprobs[n] = static_cast<float>(raw[a.i] - lse);
-      }
-      __syncthreads();
-    }
-  }
+// Single-block sampling of one row into its working row `l`: penalties, the min-tokens mask,
+// then greedy or top-k / min-p / top-p with Gumbel-max draws. Returns the token to every thread.
+// The single-block kernel below uses it for every row, the split path for rows with filters.
+__device__ int32_t GeneralToken(const SampleRow& p, const float* raw, int64_t vocab,
+                                const int32_t* mask_ids, const int32_t* seen,
+                                const int32_t* output, float* l, double* sv, int32_t* si,
+                                double* sd, float* sf) {
   // The working row: penalties, then the min-tokens mask.
   const bool penalize = p.counts_row >= 0 && (p.repetition_penalty != 1.0f ||
                                               p.presence_penalty != 0.0f ||
@@ -187,6 +152,52 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(const float* logits, in
     a = BlockArgMax(a, sv, si);
     token = a.i == INT32_MAX ? 0 : a.i;
   }
+  return token;
+}
+
+__global__ void __launch_bounds__(kThreads) SampleKernel(const float* logits, int64_t vocab,
+                                                         const SampleRow* params,
+                                                         const int32_t* mask_ids,
+                                                         const int32_t* seen,
+                                                         const int32_t* output, float* work,
+                                                         SampleOut* out) {
+  __shared__ double sv[32];
+  __shared__ int32_t si[32];
+  __shared__ double sd[32];
+  __shared__ float sf[32];
+  const int64_t row = blockIdx.x;
+  const SampleRow p = params[row];
+  const float* raw = logits + row * vocab;
+  float* l = work + row * vocab;
+  SampleOut* o = out + row;
+
+  // Raw log-probabilities first (before penalties change the row).
+  double lse = 0;
+  if (p.logprobs > 0) {
+    float mx = -INFINITY;
+    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) mx = fmaxf(mx, raw[i]);
+    mx = BlockMax(mx, sf);
+    double sum = 0;
+    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) sum += exp(static_cast<double>(raw[i]) - mx);
+    sum = BlockSumD(sum, sd);
+    lse = mx + log(sum);
+    // Top-n by repeated argmax, excluding earlier picks.
+    for (int n = 0; n < p.logprobs && n < kMaxLogprobs; ++n) {
+      ArgMax a{-INFINITY, INT32_MAX};
+      for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+        bool taken = false;
+        for (int k = 0; k < n; ++k) taken |= o->top_ids[k] == i;
+        if (!taken && (raw[i] > a.v || (raw[i] == a.v && i < a.i))) a = {raw[i], static_cast<int32_t>(i)};
+      }
+      a = BlockArgMax(a, sv, si);
+      if (threadIdx.x == 0) {
+        o->top_ids[n] = a.i;
+        o->top_logprobs[n] = static_cast<float>(raw[a.i] - lse);
+      }
+      __syncthreads();
+    }
+  }
+  const int32_t token = GeneralToken(p, raw, vocab, mask_ids, seen, output, l, sv, si, sd, sf);
   if (threadIdx.x == 0) {
     o->token = token;
     o->logprob = p.logprobs > 0 ? static_cast<float>(raw[token] - lse) : 0.0f;
@@ -455,105 +466,6 @@ __global__ void __launch_bounds__(kPartThreads) SamplePartialKernel(
     part->tok_v = v;
     part->tok_i = i;
   }
-}
-
-// Single-block sampling of the working row for rows with top-k / min-p / top-p (the original
-// code, unchanged). Returns the token to every thread.
-__device__ int32_t GeneralToken(const SampleRow& p, const float* raw, int64_t vocab,
-                                const int32_t* mask_ids, const int32_t* seen,
-                                const int32_t* output, float* l, double* sv, int32_t* si,
-                                double* sd, float* sf) {
-  // The working row: penalties, then the min-tokens mask.
-  const bool penalize = p.counts_row >= 0 && (p.repetition_penalty != 1.0f ||
-                                              p.presence_penalty != 0.0f ||
-                                              p.frequency_penalty != 0.0f);
-  const int32_t* sr = penalize ? seen + static_cast<int64_t>(p.counts_row) * vocab : nullptr;
-  const int32_t* orow = penalize ? output + static_cast<int64_t>(p.counts_row) * vocab : nullptr;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-    float v = raw[i];
-    if (penalize) {
-      if (p.repetition_penalty != 1.0f && sr[i] > 0) {
-        v = v > 0 ? v / p.repetition_penalty : v * p.repetition_penalty;
-      }
-      const int32_t c = orow[i];
-      if (c > 0) v -= p.presence_penalty + p.frequency_penalty * static_cast<float>(c);
-    }
-    l[i] = v;
-  }
-  __syncthreads();
-  if (p.output_index < p.min_tokens) {
-    for (int k = threadIdx.x; k < p.mask_count; k += blockDim.x) {
-      const int32_t id = mask_ids[p.mask_offset + k];
-      if (id >= 0 && id < vocab) l[id] = -INFINITY;
-    }
-    __syncthreads();
-  }
-  int32_t token;
-  if (p.temperature <= 0.0f || p.top_k == 1) {
-    ArgMax a{-INFINITY, INT32_MAX};
-    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-      if (l[i] > a.v || (l[i] == a.v && i < a.i)) a = {l[i], static_cast<int32_t>(i)};
-    }
-    token = BlockArgMax(a, sv, si).i;
-    if (token == INT32_MAX) token = 0;  // an all-NaN row: still a valid id
-  } else {
-    const float inv_t = p.temperature;
-    float mx = -INFINITY;
-    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) mx = fmaxf(mx, l[i] / inv_t);
-    mx = BlockMax(mx, sf);
-    // Candidate floor as an order key: top-k (k-th largest), then min-p, then top-p.
-    uint32_t floor_key = 0;
-    if (p.top_k > 0 && p.top_k < vocab) {
-      // Largest key K with count(key >= K) >= k: bisect the 32 key bits from the top.
-      uint32_t key = 0;
-      for (int bit = 31; bit >= 0; --bit) {
-        const uint32_t cand = key | (1u << bit);
-        float cnt = 0;
-        for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) cnt += OrderKey(l[i] / inv_t) >= cand ? 1.0f : 0.0f;
-        cnt = BlockSum(cnt, sf);
-        if (cnt >= static_cast<float>(p.top_k)) key = cand;
-      }
-      floor_key = key;
-    }
-    if (p.min_p > 0.0f) {
-      const uint32_t k = OrderKey(mx + logf(p.min_p));
-      floor_key = max(floor_key, k);
-    }
-    if (p.top_p < 1.0f) {
-      // Mass over the candidates above floor_key, then the largest key whose top set reaches top_p.
-      double z = 0;
-      for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-        const float s = l[i] / inv_t;
-        if (s > -INFINITY && OrderKey(s) >= floor_key) z += exp(static_cast<double>(s) - mx);
-      }
-      z = BlockSumD(z, sd);
-      // Largest key K whose candidates {key >= max(K, floor)} hold at least top_p of the mass
-      // (mass is non-increasing in K): that is the key of the smallest value of the top set.
-      uint32_t key = 0;
-      for (int bit = 31; bit >= 0; --bit) {
-        const uint32_t cand = key | (1u << bit);
-        const uint32_t lo = max(cand, floor_key);
-        double mass = 0;
-        for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-          const float s = l[i] / inv_t;
-          if (s > -INFINITY && OrderKey(s) >= lo) mass += exp(static_cast<double>(s) - mx);
-        }
-        mass = BlockSumD(mass, sd);
-        if (mass / z >= p.top_p) key = cand;
-      }
-      floor_key = max(floor_key, key);
-    }
-    ArgMax a{-INFINITY, INT32_MAX};
-    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-      const float s = l[i] / inv_t;
-      if (!(s > -INFINITY) || OrderKey(s) < floor_key) continue;
-      const double score = static_cast<double>(s) + Gumbel(p.seed, static_cast<uint64_t>(p.output_index), i);
-      if (score > a.v || (score == a.v && i < a.i)) a = {score, static_cast<int32_t>(i)};
-    }
-    a = BlockArgMax(a, sv, si);
-    token = a.i == INT32_MAX ? 0 : a.i;
-  }
-  return token;
 }
 
 __global__ void __launch_bounds__(kThreads) SampleFinishKernel(
