@@ -374,9 +374,7 @@ void Engine::Finish(Live* r, FinishReason reason, const StopInfo& stop, const st
   std::lock_guard<std::mutex> lock(mu_);
   names_.erase(name);
   --stats_.in_flight;
-  // Keep the counts that admission control reads current between steps.
-  stats_.running = static_cast<int32_t>(scheduler_.num_running());
-  stats_.waiting = static_cast<int32_t>(scheduler_.num_waiting());
+  RefreshCounts();
   idle_cv_.notify_all();
 }
 
@@ -397,19 +395,25 @@ void Engine::FailAll(const std::vector<uint64_t>& ids, const absl::Status& statu
     std::lock_guard<std::mutex> lock(mu_);
     names_.erase(name);
     --stats_.in_flight;
-    stats_.running = static_cast<int32_t>(scheduler_.num_running());
-    stats_.waiting = static_cast<int32_t>(scheduler_.num_waiting());
+    RefreshCounts();
     idle_cv_.notify_all();
   }
 }
 
-void Engine::PublishStats() {
-  std::lock_guard<std::mutex> lock(mu_);
+// The scheduler's and the KV manager's counts; called with mu_ held after every step and whenever
+// a request retires, so that admission control and readers of stats() (drains, tests) see the
+// state a retired request left, not the last step's.
+void Engine::RefreshCounts() {
   stats_.running = static_cast<int32_t>(scheduler_.num_running());
   stats_.waiting = static_cast<int32_t>(scheduler_.num_waiting());
   stats_.free_blocks = kv_.free_blocks();
   stats_.free_slots = kv_.free_slots();
   stats_.kv_usage = kv_.usage();
+}
+
+void Engine::PublishStats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  RefreshCounts();
   stats_.preemptions = preemptions_;
   ++stats_.steps;
   if (metrics_) {

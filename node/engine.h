@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -36,6 +37,18 @@ class RequestSink {
  public:
   virtual ~RequestSink() = default;
   virtual void Emit(v1::GenerateResponse response, bool last) = 0;
+};
+
+// A sink that keeps only the final response, as a future (the warm-up request, tests).
+class PromiseSink final : public RequestSink {
+ public:
+  void Emit(v1::GenerateResponse response, bool last) override {
+    if (last) done_.set_value(std::move(response));
+  }
+  std::future<v1::GenerateResponse> future() { return done_.get_future(); }
+
+ private:
+  std::promise<v1::GenerateResponse> done_;
 };
 
 struct EngineConfig {
@@ -116,6 +129,7 @@ class Engine {
   void Finish(Live* r, FinishReason reason, const StopInfo& stop, const std::string& message,
               std::string tail_text, std::string discarded, Phase tail_channel);
   void FailAll(const std::vector<uint64_t>& ids, const absl::Status& status);
+  void RefreshCounts();  // mu_ held
   void PublishStats();
 
   EngineConfig config_;

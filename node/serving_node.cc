@@ -1,7 +1,5 @@
 #include "node/serving_node.h"
 
-#include <future>
-
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -10,20 +8,6 @@
 #include "worker/worker_factory.h"
 
 namespace dsv4 {
-namespace {
-
-class PromiseSink final : public RequestSink {
- public:
-  void Emit(v1::GenerateResponse response, bool last) override {
-    if (last) done_.set_value(std::move(response));
-  }
-  std::future<v1::GenerateResponse> future() { return done_.get_future(); }
-
- private:
-  std::promise<v1::GenerateResponse> done_;
-};
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();

@@ -91,17 +91,6 @@ class FakeGraphWorker final : public Worker {
   size_t released_ = 0;
 };
 
-class PromiseSink final : public RequestSink {
- public:
-  void Emit(v1::GenerateResponse response, bool last) override {
-    if (last) done_.set_value(std::move(response));
-  }
-  std::future<v1::GenerateResponse> future() { return done_.get_future(); }
-
- private:
-  std::promise<v1::GenerateResponse> done_;
-};
-
 double Count(const prometheus::Counter* c) { return c->Value(); }
 uint64_t Samples(prometheus::Histogram* h) { return h->Collect().histogram.sample_count; }
 double Sum(prometheus::Histogram* h) { return h->Collect().histogram.sample_sum; }
