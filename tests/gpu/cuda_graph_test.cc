@@ -13,37 +13,9 @@
 namespace dsv4 {
 namespace {
 
-// A 3-layer model (sliding, CSA, HCA) at the real DSV4-Flash attention and indexer shapes:
-// hidden 4096, 64 heads x 512, q_lora 1024, indexer 64 x 128 with top-512, ratios 4 and 128,
-// window 128, hc_mult 4; fewer experts and a small vocabulary keep it quick.
-Json FlashIndexerConfig() {
-  Json j = testing::TinyConfigJson();
-  j["hidden_size"] = 4096;
-  j["num_attention_heads"] = 64;
-  j["head_dim"] = 512;
-  j["qk_rope_head_dim"] = 64;
-  j["partial_rotary_factor"] = 0.125;
-  j["rope_parameters"]["main"]["partial_rotary_factor"] = 0.125;
-  j["rope_parameters"]["compress"]["partial_rotary_factor"] = 0.125;
-  j["q_lora_rank"] = 1024;
-  j["o_groups"] = 8;
-  j["o_lora_rank"] = 1024;
-  j["index_n_heads"] = 64;
-  j["index_head_dim"] = 128;
-  j["index_topk"] = 512;
-  j["compress_rates"] = {{"compressed_sparse_attention", 4}, {"heavily_compressed_attention", 128}};
-  j["sliding_window"] = 128;
-  j["n_routed_experts"] = 16;
-  j["num_experts_per_tok"] = 6;
-  j["moe_intermediate_size"] = 1024;
-  j["hc_mult"] = 4;
-  j["vocab_size"] = 4096;
-  j["num_hidden_layers"] = 3;
-  j["layer_types"] = {"sliding_attention", "compressed_sparse_attention",
-                      "heavily_compressed_attention"};
-  j["mlp_layer_types"] = {"hash_moe", "moe", "moe"};
-  return j;
-}
+// The real DSV4-Flash attention and indexer shapes (top-512, ratio 4) in 3 layers; fewer experts
+// and a small vocabulary keep it quick.
+Json FlashIndexerConfig() { return testing::FlashWidthsConfigJson(512, 1024, 4096); }
 
 constexpr int32_t kMaxLen = 4096;
 const std::vector<int32_t> kCaptureSizes = {1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256, 512, 1024};
@@ -107,6 +79,19 @@ void ChooseGraph(StepPlan* plan) {
   }
 }
 
+// Request `i`'s entry in a plan, where it stands now (the caller sets the tokens).
+ScheduledSeq SeqOf(const Req& r, size_t i, const std::shared_ptr<SamplingSpec>& spec) {
+  ScheduledSeq s;
+  s.request_id = i + 1;
+  s.state_slot = r.slot;
+  s.block_table = r.blocks;
+  s.start_pos = r.fed;
+  s.prompt_len = static_cast<int32_t>(r.prompt.size());
+  s.output_index = static_cast<int32_t>(r.out.size());
+  s.sampling = spec;
+  return s;
+}
+
 // Running requests decode; requests with prompt left get chunks within the step's prefill budget.
 StepPlan NextPlan(std::vector<Req>& reqs, int step, int prefill_budget, int max_new,
                   const std::shared_ptr<SamplingSpec>& spec) {
@@ -116,14 +101,7 @@ StepPlan NextPlan(std::vector<Req>& reqs, int step, int prefill_budget, int max_
   for (size_t i = 0; i < reqs.size(); ++i) {
     Req& r = reqs[i];
     if (r.arrival > step || static_cast<int>(r.out.size()) >= max_new) continue;
-    ScheduledSeq s;
-    s.request_id = i + 1;
-    s.state_slot = r.slot;
-    s.block_table = r.blocks;
-    s.start_pos = r.fed;
-    s.prompt_len = static_cast<int32_t>(r.prompt.size());
-    s.output_index = static_cast<int32_t>(r.out.size());
-    s.sampling = spec;
+    ScheduledSeq s = SeqOf(r, i, spec);
     if (r.fed < static_cast<int32_t>(r.prompt.size())) {
       const int n = std::min<int>(budget, static_cast<int>(r.prompt.size()) - r.fed);
       if (n == 0) continue;
@@ -224,14 +202,7 @@ ShortLongResult CaptureShortReplayLong(const CudaGraphOptions& options) {
       StepPlan plan;
       plan.step_id = 1000 + static_cast<uint64_t>(step * 2 + which);
       const Req& r = reqs[which];
-      ScheduledSeq s;
-      s.request_id = which + 1;
-      s.state_slot = r.slot;
-      s.block_table = r.blocks;
-      s.start_pos = r.fed;
-      s.prompt_len = static_cast<int32_t>(r.prompt.size());
-      s.output_index = static_cast<int32_t>(r.out.size());
-      s.sampling = spec;
+      ScheduledSeq s = SeqOf(r, which, spec);
       s.tokens = {r.out.back()};
       s.sample = true;
       plan.seqs.push_back(std::move(s));

@@ -408,6 +408,24 @@ struct AttnCase {
   bool dense;
 };
 
+// A causal selection per token: random distinct visible entries (ratio m), ascending, -1 padded.
+std::vector<int32_t> RandomCausalSelection(const StepMeta& meta, int64_t ratio, int64_t topk,
+                                           uint32_t seed) {
+  const int64_t T = meta.num_tokens;
+  std::vector<int32_t> sel(T * topk, -1);
+  std::mt19937 rng(seed);
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t visible = (meta.positions[t] + 1) / static_cast<int32_t>(ratio);
+    std::vector<int32_t> all(visible);
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    all.resize(std::min<size_t>(all.size(), topk));
+    std::sort(all.begin(), all.end());
+    std::copy(all.begin(), all.end(), sel.begin() + t * topk);
+  }
+  return sel;
+}
+
 TEST(CudaOps, AttentionSlidingCsaHcaWithSink) {
   DSV4_REQUIRE_GPU();
   BackendPair p;
@@ -433,19 +451,7 @@ TEST(CudaOps, AttentionSlidingCsaHcaWithSink) {
     Both entries, selected;
     if (c.ratio > 0) entries = p.Pool(Shape{p.blocks, kBlock / c.ratio, hd}, 54);
     if (c.ratio > 0 && !c.dense) {
-      // A causal selection per token: random distinct visible entries, ascending, -1 padded.
-      std::vector<int32_t> sel(T * topk, -1);
-      std::mt19937 rng(55);
-      for (int64_t t = 0; t < T; ++t) {
-        const int32_t visible = (p.meta.positions[t] + 1) / static_cast<int32_t>(c.ratio);
-        std::vector<int32_t> all(visible);
-        std::iota(all.begin(), all.end(), 0);
-        std::shuffle(all.begin(), all.end(), rng);
-        all.resize(std::min<size_t>(all.size(), topk));
-        std::sort(all.begin(), all.end());
-        std::copy(all.begin(), all.end(), sel.begin() + t * topk);
-      }
-      selected = p.InputI(Shape{T, topk}, sel);
+      selected = p.InputI(Shape{T, topk}, RandomCausalSelection(p.meta, c.ratio, topk, 55));
     }
     AttentionParams ap;
     ap.window = W;
@@ -524,19 +530,7 @@ TEST(CudaOps, AttentionTensorCoreBf16) {
           fill(entries, data(p.blocks * (kBlock / c.ratio) * hd, 84));
         }
         if (c.ratio > 0 && !c.dense) {
-          // A causal selection per token: random distinct visible entries, ascending, -1 padded.
-          std::vector<int32_t> sel(T * topk, -1);
-          std::mt19937 rng(85);
-          for (int64_t t = 0; t < T; ++t) {
-            const int32_t visible = (p.meta.positions[t] + 1) / static_cast<int32_t>(c.ratio);
-            std::vector<int32_t> all(visible);
-            std::iota(all.begin(), all.end(), 0);
-            std::shuffle(all.begin(), all.end(), rng);
-            all.resize(std::min<size_t>(all.size(), topk));
-            std::sort(all.begin(), all.end());
-            std::copy(all.begin(), all.end(), sel.begin() + t * topk);
-          }
-          selected = p.InputI(Shape{T, topk}, sel);
+          selected = p.InputI(Shape{T, topk}, RandomCausalSelection(p.meta, c.ratio, topk, 85));
         }
         AttentionParams ap;
         ap.window = W;

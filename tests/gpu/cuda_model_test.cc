@@ -126,32 +126,8 @@ TEST(CudaModel, FixtureInBf16WithinToleranceAndGreedyWhereMarginsAllow) {
 // reference stays fast): GPU fp32 engine vs CPU engine over prefill chunks and decode, across the
 // indexer's top-k boundary.
 Json FlashNarrowConfig() {
-  Json j = testing::TinyConfigJson();
-  j["hidden_size"] = 4096;
-  j["num_attention_heads"] = 64;
-  j["head_dim"] = 512;
-  j["qk_rope_head_dim"] = 64;
-  j["partial_rotary_factor"] = 0.125;
-  j["rope_parameters"]["main"]["partial_rotary_factor"] = 0.125;
-  j["rope_parameters"]["compress"]["partial_rotary_factor"] = 0.125;
-  j["q_lora_rank"] = 1024;
-  j["o_groups"] = 8;
-  j["o_lora_rank"] = 1024;
-  j["index_n_heads"] = 64;
-  j["index_head_dim"] = 128;
-  j["index_topk"] = 64;  // crossed after 256 tokens (top-512 itself: the op tests)
-  j["compress_rates"] = {{"compressed_sparse_attention", 4}, {"heavily_compressed_attention", 128}};
-  j["sliding_window"] = 128;
-  j["n_routed_experts"] = 16;
-  j["num_experts_per_tok"] = 6;
-  j["moe_intermediate_size"] = 2048;
-  j["hc_mult"] = 4;
-  j["vocab_size"] = 2048;
-  j["num_hidden_layers"] = 3;
-  j["layer_types"] = {"sliding_attention", "compressed_sparse_attention",
-                      "heavily_compressed_attention"};
-  j["mlp_layer_types"] = {"hash_moe", "moe", "moe"};
-  return j;
+  return testing::FlashWidthsConfigJson(/*index_topk=*/64, /*moe_intermediate_size=*/2048,
+                                        /*vocab_size=*/2048);  // top-64: crossed after 256 tokens
 }
 
 struct EngineCase {

@@ -39,6 +39,11 @@ std::vector<NamedTensor> SyntheticCheckpoint(const ModelConfig& config, uint64_t
 
 // The dsv4-tiny fixture config as JSON (tests/data), for tests to modify.
 Json TinyConfigJson();
+// A 3-layer model (sliding + hash MoE, CSA + MoE, HCA + MoE) at the real DSV4-Flash attention
+// widths: hidden 4096, 64 heads x 512, q_lora 1024, o_groups 8 x 1024, indexer 64 x 128, ratios 4
+// and 128, window 128, hc_mult 4, top-6 of 16 experts. The indexer top-k, expert width and
+// vocabulary are the caller's (kept small, the CPU reference stays quick).
+Json FlashWidthsConfigJson(int index_topk, int moe_intermediate_size, int vocab_size);
 // Temporary directory unique to the test; removed by the OS/CI workspace.
 std::string TempDir(const std::string& name);
 // Writes config.json + model.safetensors for `config_json` into a fresh directory.
