@@ -6,6 +6,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
+#include <utility>
 
 #include "kernels/counter_rng.h"
 
@@ -74,6 +77,61 @@ __device__ __forceinline__ float BlockMax(float v, float* scratch) {
   __syncthreads();
   return r;
 }
+
+// Weights are read once per group and never written: read-only path, no L1 allocation (nothing
+// reuses them within the SM), and a 256-byte L2 prefetch since a warp reads 512 contiguous bytes
+// of each of its rows per batch anyway.
+__device__ __forceinline__ uint4 LoadWeights16(const uint4* p) {
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low half
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// ---- programmatic dependent launch (PDL) ----
+// A kernel launched with LaunchPdl may start while the previous kernel on its stream is still
+// running; it must call PdlWait() before it reads anything an earlier kernel wrote or writes
+// anything, and every thread must reach PdlWait() before exiting. PdlTrigger() lets this
+// kernel's own PDL dependents launch; it is harmless anywhere (a no-op without such dependents),
+// so the kernels that precede the weight-streaming ones call it first thing. In a CUDA graph the
+// same-stream edge becomes a programmatic edge. DSV4_PDL=0 launches without the attribute
+// (ordinary stream order; the waits are then no-ops).
+__device__ __forceinline__ void PdlTrigger() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void PdlWait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+inline bool PdlEnabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("DSV4_PDL");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return on;
+}
+
+template <typename... Params, typename... Args>
+cudaError_t LaunchPdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                      cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = PdlEnabled() ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 __device__ __forceinline__ float LoadF(const float* p, int64_t i) { return p[i]; }
 __device__ __forceinline__ float LoadF(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }

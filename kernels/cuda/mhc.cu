@@ -349,8 +349,6 @@ __global__ void HcPostKernel(HcDims d, const float* hs, const float* f, const fl
   }
 }
 
-bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-
 // Launches HcFinalKernel<N, kPre> for the runtime n.
 template <bool kPre>
 void LaunchFinal(const HcDims& d, const float* hs, const float* mix_parts, int64_t parts,

@@ -34,6 +34,7 @@ template <int kSlots>
 __global__ void RouteKernel(RouterDims d, const float* logits, const float* bias,
                             const int32_t* tid2eid, const int32_t* token_ids, int32_t* idx,
                             float* weights) {
+  PdlTrigger();  // the single-token expert kernels launch early (they wait before reading idx)
   const int64_t t = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (t >= d.tokens) return;  // uniform across the warp
@@ -376,22 +377,6 @@ __device__ __forceinline__ void MmaBf16(float (&d)[4], uint32_t a0, uint32_t a1,
       "{%8,%9}, {%0,%1,%2,%3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// Weights are read once per group and never written: read-only path, no L1 allocation (nothing
-// reuses them within the SM), and a 256-byte L2 prefetch since a warp reads 512 contiguous bytes
-// of each of its rows per batch anyway.
-__device__ __forceinline__ uint4 LoadWeights16(const uint4* p) {
-  uint4 r;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-      : "l"(p));
-  return r;
-}
-
-__device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low half
-  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 // 8 consecutive activations as 8 bf16 (round to nearest even, as __float2bfloat16_rn above).
@@ -777,8 +762,6 @@ bool MmaFits(int64_t k_in) {
   return k_in > 0 && k_in % kMmaKBlock == 0 &&
          static_cast<size_t>(k_in) * kMmaTokens * sizeof(__nv_bfloat16) <= kMmaMaxSmemBytes;
 }
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // Grid x of ExpertMmaKernel for n_out outputs: tiles of 16 rows (8 SwiGLU columns), whole tiles
 // per block. Depends on the shapes only (graph capture).
 template <bool kSwiGlu, int kSplitK>

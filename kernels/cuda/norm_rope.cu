@@ -10,6 +10,7 @@ namespace {
 
 // One block per row; sum of squares in double (as the CPU reference does).
 __global__ void RmsNormKernel(const float* x, const float* w, int64_t dim, float eps, float* y) {
+  PdlTrigger();  // the projection that usually follows may start streaming its weights
   __shared__ double scratch[32];
   const float* xr = x + blockIdx.x * dim;
   float* yr = y + blockIdx.x * dim;
@@ -28,6 +29,7 @@ __global__ void RmsNormKernel(const float* x, const float* w, int64_t dim, float
 // up to a warp): one read, one write. Sum of squares in double like the generic kernel.
 __global__ void __launch_bounds__(1024) RmsNormRegKernel(const float* x, const float* w, int dim,
                                                          float eps, float* y) {
+  PdlTrigger();
   __shared__ double scratch[32];
   const int64_t row = blockIdx.x;
   const int n4 = dim >> 2;
@@ -65,6 +67,7 @@ __global__ void __launch_bounds__(1024) RmsNormRegKernel(const float* x, const f
 
 __global__ void RopeKernel(float* x, int64_t heads, int64_t dim, int64_t rope_dims,
                            const float* inv_freq, const int32_t* positions, bool inverse) {
+  PdlTrigger();
   const int64_t row = blockIdx.x;  // t * heads + h
   const int64_t t = row / heads;
   float* r = x + row * dim + (dim - rope_dims);
