@@ -3,11 +3,12 @@
 // ceilings: HBM measured here by a streaming add over 3 GiB, bf16 dense taken as 790 TFLOP/s.
 // Times are wall clock per call over many back-to-back launches on the backend's stream, closed
 // by a synchronising copy (launch overhead included: that is what an eager step pays).
-//   dsv4_gpu_kernels_bench [--iters N] [--precision bf16|fp32]
+//   dsv4_gpu_kernels_bench [--iters N] [--precision bf16|fp32] [--decode-only]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <numeric>
@@ -85,17 +86,71 @@ Tensor Rand(Backend* be, Shape shape, uint64_t seed, float a, WeightUse use = We
   return *t;
 }
 
+// Every single-token product of a DSV4-Flash decode step at batch 1, on `be`; rows tagged `path`.
+void DecodeRows(Ctx& c, const char* path, double wb) {
+  Backend& be = *c.be;
+  StepMeta meta;
+  Meta(c.be, &meta, 1, 0, 1, 128);
+  const std::string tag = std::string(" [") + path + "]";
+  struct G {
+    const char* name;
+    int64_t n, k;
+  };
+  for (const G& g : std::vector<G>{{"q_a_proj", 1024, 4096},
+                                   {"q_b_proj", 32768, 1024},
+                                   {"kv_proj", 512, 4096},
+                                   {"idx_q_b_proj", 8192, 1024},
+                                   {"router_gate", 256, 4096},
+                                   {"idx_weights", 64, 4096},
+                                   {"o_b_proj", 4096, 8192},
+                                   {"lm_head", 129280, 4096}}) {
+    Tensor w = Rand(c.be, Shape{g.n, g.k}, 3, 0.02f, WeightUse::kMatrix);
+    Tensor x = *be.Scratch(DType::kF32, Shape{1, g.k});
+    Tensor y = *be.Scratch(DType::kF32, Shape{1, g.n});
+    const double t = Time(c, [&] { return be.Linear(x, w, y); }, y);
+    Row(c, g.name, "M=1 N=" + std::to_string(g.n) + " K=" + std::to_string(g.k) + tag, t,
+        g.n * g.k * wb + (g.k + g.n) * 4.0, 2.0 * g.n * g.k, true);
+  }
+  {
+    Tensor w = Rand(c.be, Shape{8 * 1024, 4096}, 4, 0.02f, WeightUse::kMatrix);
+    Tensor x = *be.Scratch(DType::kF32, Shape{1, 8 * 4096});
+    Tensor y = *be.Scratch(DType::kF32, Shape{1, 8 * 1024});
+    const double t = Time(c, [&] { return be.GroupedLinear(x, w, 8, y); }, y);
+    Row(c, "o_a_grouped", "M=1 8x(1024x4096)" + tag, t, 8.0 * 1024 * 4096 * wb, 2.0 * 8 * 1024 * 4096,
+        true);
+  }
+  // The MoE block's experts at one token: 6 routed (distinct) + the shared expert.
+  MoeWeights mw;
+  mw.gate_up = Rand(c.be, Shape{256, 4096, 4096}, 12, 0.02f, WeightUse::kMatrix);
+  mw.down = Rand(c.be, Shape{256, 4096, 2048}, 13, 0.02f, WeightUse::kMatrix);
+  mw.shared_gate_up = Rand(c.be, Shape{4096, 4096}, 16, 0.02f, WeightUse::kMatrix);
+  mw.shared_down = Rand(c.be, Shape{4096, 2048}, 17, 0.02f, WeightUse::kMatrix);
+  Meta(c.be, &meta, 1, 100, 1, 128);
+  const std::vector<int32_t> ids = {3, 77, 140, 9, 201, 255};
+  Tensor idx = *be.Scratch(DType::kI32, Shape{1, 6});
+  Tensor wts = Rand(c.be, Shape{1, 6}, 18, 1.0f);
+  (void)be.CopyFromHost(ids.data(), idx);
+  Tensor u = *be.Scratch(DType::kF32, Shape{1, 4096}), out = *be.Scratch(DType::kF32, Shape{1, 4096});
+  const double t = Time(c, [&] { return be.MoeExperts(u, idx, wts, mw, 10.0f, out); }, out);
+  Row(c, "moe_experts+shared", "T=1 6 routed + 1 shared" + tag, t, 7 * 3.0 * 4096 * 2048 * wb,
+      7 * 6.0 * 4096 * 2048, true);
+}
+
 int Main(int argc, char** argv) {
   Ctx c;
   Precision prec = Precision::kBF16;
+  bool decode_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) c.iters = std::max(1, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--precision") && i + 1 < argc) {
       auto p = ParsePrecision(argv[++i]);
       if (!p.ok()) return std::fprintf(stderr, "%s\n", p.status().ToString().c_str()), 2;
       prec = *p;
+    } else if (!std::strcmp(argv[i], "--decode-only")) {
+      decode_only = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--iters N] [--precision bf16|fp32]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--iters N] [--precision bf16|fp32] [--decode-only]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -120,6 +175,22 @@ int Main(int argc, char** argv) {
   std::printf("precision=%s iters=%d\n", PrecisionName(prec), c.iters);
   std::printf("%-18s %-34s %10s %10s %8s %9s %8s\n", "op", "shape", "us/call", "GB/s", "%HBM",
               "TFLOP/s", "%bf16");
+
+  // Batch-1 decode products side by side: the single-token kernels against the general paths
+  // (cuBLASLt / split-K GEMV / sorted grouped experts + separate shared expert) they replaced,
+  // the latter on a second backend made with DSV4_ROW_GEMV=0.
+  if (prec == Precision::kBF16) {
+    setenv("DSV4_ROW_GEMV", "0", 1);
+    auto baseline = CreateCudaBackend(0, prec);
+    unsetenv("DSV4_ROW_GEMV");
+    if (!baseline.ok()) return std::fprintf(stderr, "%s\n", baseline.status().ToString().c_str()), 1;
+    Ctx b = c;
+    b.be = baseline->get();
+    DecodeRows(b, "general", wb);
+    baseline->reset();
+    DecodeRows(c, "row-gemv", wb);
+  }
+  if (decode_only) return 0;
 
   // GEMMs of a decode/prefill step (weights dominate the bytes).
   struct G {
@@ -264,7 +335,8 @@ int Main(int argc, char** argv) {
         for (int32_t e : ids) distinct += seen[e] ? 0 : (seen[e] = 1);
       }
       Tensor u = *be.Scratch(DType::kF32, Shape{T, 4096}), out = *be.Scratch(DType::kF32, Shape{T, 4096});
-      t = Time(c, [&] { return be.MoeExperts(u, idx, wts, gate_up, down, 10.0f, out); }, out);
+      const MoeWeights mw{gate_up, down, Tensor{}, Tensor{}};
+      t = Time(c, [&] { return be.MoeExperts(u, idx, wts, mw, 10.0f, out); }, out);
       Row(c, "moe_experts", sh + " distinct=" + std::to_string(distinct), t,
           distinct * 3.0 * 4096 * 2048 * wb, 6.0 * T * 6 * 4096 * 2048, prec == Precision::kBF16);
     }

@@ -3,6 +3,7 @@
 // with top-512 (and 1024) over up to 256k candidates, ratios 4 and 128, window 128, 256 experts
 // top-6 (2048 wide), hc_mult 4, vocab 129280. fp32 backend unless a test says bf16.
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <set>
 
@@ -74,8 +75,15 @@ void MirrorBf16(BackendPair& p, const Both& t) {
 TEST(CudaOps, LinearBf16MatchesReferenceOnRoundedOperands) {
   DSV4_REQUIRE_GPU();
   BackendPair p(Precision::kBF16);
+  // M = 1 takes the single-token GEMV at every width (rows per warp by K: 4096+, 2048, less);
+  // K % 256 != 0 leaves lanes of the last chunk idle.
   for (const GemmCase& c : std::vector<GemmCase>{{1, 129280, 4096},  // lm_head
-                                                  {1, 1024, 4096},    // the GEMV kernel
+                                                  {1, 1024, 4096},    // q_a
+                                                  {1, 32768, 1024},   // q_b
+                                                  {1, 4096, 8192},    // o_b
+                                                  {1, 4096, 2048},    // shared expert down
+                                                  {1, 64, 4096},      // indexer weights
+                                                  {1, 33, 264},
                                                   {8, 1024, 4096},
                                                   {256, 4096, 2048}}) {
     SCOPED_TRACE(::testing::Message() << c.m << "x" << c.n << "x" << c.k);
@@ -99,18 +107,25 @@ TEST(CudaOps, LinearBf16MatchesReferenceOnRoundedOperands) {
 
 TEST(CudaOps, GroupedOutputProjectionMatchesReference) {
   DSV4_REQUIRE_GPU();
-  BackendPair p;
-  // o_a_proj: 8 groups, each (8 heads x 512) -> 1024.
-  for (int64_t m : {1, 9, 64}) {
-    p.Begin(Decode(1), kBlock);
-    const int64_t g = 8, k = 4096, n = 1024;
-    Both x = p.Input(Shape{m, g * k}, RandomVec(m * g * k, 5));
-    Both w = p.Weight(Shape{g * n, k}, RandomVec(g * n * k, 6, -0.03f, 0.03f), WeightUse::kMatrix);
-    Both y = p.Scratch(DType::kF32, Shape{m, g * n});
-    ASSERT_TRUE(p.cpu.GroupedLinear(x.c, w.c, g, y.c).ok());
-    const absl::Status s = p.gpu->GroupedLinear(x.g, w.g, g, y.g);
-    ASSERT_TRUE(s.ok()) << s;
-    EXPECT_TRUE(p.Same(y, 1e-4, 1e-4)) << "m=" << m;
+  // o_a_proj: 8 groups, each (8 heads x 512) -> 1024. bf16 at m = 1 is the single-token GEMV
+  // with a group per 1024 rows (x and the reference rounded as in the bf16 Linear test).
+  for (Precision prec : {Precision::kFP32, Precision::kBF16}) {
+    BackendPair p(prec);
+    for (int64_t m : {1, 9, 64}) {
+      p.Begin(Decode(1), kBlock);
+      const int64_t g = 8, k = 4096, n = 1024;
+      auto xv = RandomVec(m * g * k, 5);
+      Both x = p.Input(Shape{m, g * k}, xv);
+      if (prec == Precision::kBF16) xv = testing::RoundBf16(xv);
+      Both xr = p.Input(Shape{m, g * k}, xv);
+      Both w = p.Weight(Shape{g * n, k}, RandomVec(g * n * k, 6, -0.03f, 0.03f), WeightUse::kMatrix);
+      if (prec == Precision::kBF16) MirrorBf16(p, w);
+      Both y = p.Scratch(DType::kF32, Shape{m, g * n});
+      ASSERT_TRUE(p.cpu.GroupedLinear(xr.c, w.c, g, y.c).ok());
+      const absl::Status s = p.gpu->GroupedLinear(x.g, w.g, g, y.g);
+      ASSERT_TRUE(s.ok()) << s;
+      EXPECT_TRUE(p.Same(y, 1e-4, 1e-4)) << "m=" << m << " " << PrecisionName(prec);
+    }
   }
 }
 
@@ -598,19 +613,28 @@ TEST(CudaOps, GroupedExpertsPermuteGemmCombine) {
   for (Precision prec : {Precision::kFP32, Precision::kBF16}) {
     BackendPair p(prec);
     std::vector<MoeCase> cases = {{8, 256, 128, 2, {1, 300}}};  // hot experts, many rows each
-    // Flash width in fp32 (bf16 rounding is covered by the small case).
+    // Flash width: all 256 experts in fp32; in bf16 16 experts of the real size (T = 1 is the
+    // fused single-token path there, T = 8 the grouped one).
     if (prec == Precision::kFP32) cases.push_back({256, 4096, 2048, 6, {1, 8, 64}});
+    if (prec == Precision::kBF16) cases.push_back({16, 4096, 2048, 6, {1, 8}});
     for (const MoeCase& c : cases) {
       SCOPED_TRACE(::testing::Message() << "E=" << c.experts << " " << PrecisionName(prec));
       // Synthetic weights: both backends hold the same values without a host copy.
       SyntheticSpec gu_spec{DType::kF32, Shape{c.experts, 2 * c.inter, c.dim}, 70, -0.02f, 0.02f, 1};
       SyntheticSpec dn_spec{DType::kF32, Shape{c.experts, c.dim, c.inter}, 71, -0.03f, 0.03f, 1};
+      SyntheticSpec sgu_spec{DType::kF32, Shape{2 * c.inter, c.dim}, 75, -0.02f, 0.02f, 1};
+      SyntheticSpec sdn_spec{DType::kF32, Shape{c.dim, c.inter}, 76, -0.03f, 0.03f, 1};
       Both gate_up = p.Synthetic(gu_spec, WeightUse::kMatrix);
       Both down = p.Synthetic(dn_spec, WeightUse::kMatrix);
+      Both shared_gate_up = p.Synthetic(sgu_spec, WeightUse::kMatrix);
+      Both shared_down = p.Synthetic(sdn_spec, WeightUse::kMatrix);
       if (prec == Precision::kBF16) {
-        MirrorBf16(p, gate_up);
-        MirrorBf16(p, down);
+        for (const Both* t : {&gate_up, &down, &shared_gate_up, &shared_down}) MirrorBf16(p, *t);
       }
+      const MoeWeights routed_c{gate_up.c, down.c, Tensor{}, Tensor{}};
+      const MoeWeights routed_g{gate_up.g, down.g, Tensor{}, Tensor{}};
+      const MoeWeights with_shared_c{gate_up.c, down.c, shared_gate_up.c, shared_down.c};
+      const MoeWeights with_shared_g{gate_up.g, down.g, shared_gate_up.g, shared_down.g};
       for (int32_t T : c.tokens) {
         p.Begin({{0, T}}, kBlock);
         std::vector<int32_t> idx(T * c.top_k);
@@ -626,13 +650,19 @@ TEST(CudaOps, GroupedExpertsPermuteGemmCombine) {
         Both u = p.Input(Shape{T, c.dim}, uv);
         Both ix = p.InputI(Shape{T, c.top_k}, idx);
         Both w = p.Input(Shape{T, c.top_k}, RandomVec(T * c.top_k, 74, 0, 1));
-        Both out = p.Scratch(DType::kF32, Shape{T, c.dim});
-        ASSERT_TRUE(p.cpu.MoeExperts(u.c, ix.c, w.c, gate_up.c, down.c, 10.0f, out.c).ok());
-        const absl::Status s = p.gpu->MoeExperts(u.g, ix.g, w.g, gate_up.g, down.g, 10.0f, out.g);
-        ASSERT_TRUE(s.ok()) << s;
-        // bf16: the intermediate activation is rounded to bf16 before the down projection.
-        const double tol = prec == Precision::kBF16 ? 1e-2 : 1e-4;
-        EXPECT_TRUE(p.Same(out, tol, tol)) << "T=" << T;
+        // Routed only, then with the shared expert (fused into the single-token path).
+        for (const bool shared : {false, true}) {
+          Both out = p.Scratch(DType::kF32, Shape{T, c.dim});
+          ASSERT_TRUE(
+              p.cpu.MoeExperts(u.c, ix.c, w.c, shared ? with_shared_c : routed_c, 10.0f, out.c)
+                  .ok());
+          const absl::Status s =
+              p.gpu->MoeExperts(u.g, ix.g, w.g, shared ? with_shared_g : routed_g, 10.0f, out.g);
+          ASSERT_TRUE(s.ok()) << s;
+          // bf16: the intermediate activation is rounded to bf16 before the down projection.
+          const double tol = prec == Precision::kBF16 ? 1e-2 : 1e-4;
+          EXPECT_TRUE(p.Same(out, tol, tol)) << "T=" << T << " shared=" << shared;
+        }
       }
     }
   }

@@ -342,9 +342,9 @@ absl::Status CpuBackend::Route(const RouterParams& p, const Tensor& logits, cons
 }
 
 absl::Status CpuBackend::MoeExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,
-                                    const Tensor& gate_up, const Tensor& down, float swiglu_limit,
-                                    Tensor out) {
-  RETURN_IF_ERROR(op_checks::MoeExperts(u, idx, weights, gate_up, down, out));
+                                    const MoeWeights& w, float swiglu_limit, Tensor out) {
+  RETURN_IF_ERROR(op_checks::MoeExperts(u, idx, weights, w, out));
+  const Tensor &gate_up = w.gate_up, &down = w.down;
   RETURN_IF_ERROR(F32Weight(gate_up, "MoeExperts"));
   ExpertsShape s;
   s.tokens = u.dim(0);
@@ -359,7 +359,7 @@ absl::Status CpuBackend::MoeExperts(const Tensor& u, const Tensor& idx, const Te
   }
   MoeExpertsRef(s, u.ptr<float>(), idx.ptr<int32_t>(), weights.ptr<float>(), gate_up.ptr<float>(),
                 down.ptr<float>(), out.ptr<float>());
-  return absl::OkStatus();
+  return AddSharedExpert(*this, u, w, swiglu_limit, out);
 }
 
 absl::Status CpuBackend::SwiGlu(const Tensor& gate_up, float limit, Tensor h) {

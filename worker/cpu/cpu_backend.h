@@ -51,8 +51,7 @@ class CpuBackend final : public Backend {
   absl::Status Route(const RouterParams& p, const Tensor& logits, const Tensor& bias,
                      const Tensor& tid2eid, Tensor idx, Tensor weights) override;
   absl::Status MoeExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,
-                          const Tensor& gate_up, const Tensor& down, float swiglu_limit,
-                          Tensor out) override;
+                          const MoeWeights& w, float swiglu_limit, Tensor out) override;
   absl::Status SwiGlu(const Tensor& gate_up, float limit, Tensor h) override;
 
   // Bytes held by weights and pools.

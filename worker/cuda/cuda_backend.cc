@@ -11,6 +11,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/compressor.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/gemv.h"
 #include "kernels/cuda/indexer.h"
 #include "kernels/cuda/mhc.h"
 #include "kernels/cuda/moe.h"
@@ -24,6 +25,7 @@ constexpr size_t kAlign = 256;
 // Measured on H200 (bench/gpu_kernels.cc): the GEMV kernel beats cuBLASLt for one row and
 // outputs up to ~2k wide (q_a 18 -> 11 us, kv 20 -> 11 us), loses beyond and for 8 rows.
 constexpr int64_t kSmallGemvMaxN = 2048;
+constexpr int64_t kRowGemvMaxElems = int64_t{1} << 28;
 
 size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
@@ -72,6 +74,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   ASSIGN_OR_RETURN(b->side_gemm_, cuda::Gemm::Create());
   if (const char* v = std::getenv("DSV4_PROFILE_OPS"); v != nullptr && std::string_view(v) == "1") {
     ASSIGN_OR_RETURN(b->profile_, OpProfile::Create());
+  }
+  // DSV4_ROW_GEMV=0: single-token products take the general paths (the benchmark's baseline).
+  if (const char* v = std::getenv("DSV4_ROW_GEMV"); v != nullptr && std::string_view(v) == "0") {
+    b->row_gemv_ = false;
   }
   return b;
 }
@@ -450,8 +456,15 @@ absl::Status CudaBackend::Linear(const Tensor& x, const Tensor& w, Tensor y) {
   RETURN_IF_ERROR(op_checks::Linear(x, w, y));
   if (skip()) return absl::OkStatus();
   ProfileScope prof(profile_.get(), cur_stream(), "Linear", x, w);
-  // Single-row products with narrow outputs: the GEMV kernel spreads them over many blocks
-  // (cuBLASLt picks few CTAs there); everything else stays with cuBLASLt.
+  // One row with bf16 weights up to 256 Mi elements: the weight-streaming GEMV (it beats
+  // cuBLASLt's single-row kernels there and needs no bf16 copy of x; on the 0.5 Gi-element
+  // lm_head cuBLASLt streams ~4% faster). Other single-row products with narrow outputs: the
+  // split-K GEMV (cuBLASLt picks few CTAs there); everything else stays with cuBLASLt.
+  if (row_gemv_ && x.dim(0) == 1 && w.dtype == DType::kBF16 && w.dim(1) % 8 == 0 &&
+      w.numel() <= kRowGemvMaxElems) {
+    return cuda::RowGemvBf16(x.ptr<float>(), w.dim(1), w.data, w.dim(0), w.dim(0), y.ptr<float>(),
+                             cur_stream());
+  }
   if (x.dim(0) == 1 && w.dim(0) <= kSmallGemvMaxN && w.dim(1) % 8 == 0) {
     return cuda::SmallGemv(x.ptr<float>(), x.dim(0), w.dim(1), w.data, w.dtype, w.dim(0),
                            y.ptr<float>(), cur_stream());
@@ -470,6 +483,10 @@ absl::Status CudaBackend::GroupedLinear(const Tensor& x, const Tensor& w, int64_
   RETURN_IF_ERROR(op_checks::GroupedLinear(x, w, groups, y));
   if (skip()) return absl::OkStatus();
   ProfileScope prof(profile_.get(), cur_stream(), "GroupedLinear", x, w);
+  if (row_gemv_ && x.dim(0) == 1 && w.dtype == DType::kBF16 && w.dim(1) % 8 == 0) {
+    return cuda::RowGemvBf16(x.ptr<float>(), w.dim(1), w.data, w.dim(0), w.dim(0) / groups,
+                             y.ptr<float>(), cur_stream());
+  }
   ASSIGN_OR_RETURN(const void* xin, MatrixOperand(x, w));
   cuda::GemmShape s;
   s.m = x.dim(0);
@@ -685,10 +702,45 @@ absl::Status CudaBackend::Route(const RouterParams& p, const Tensor& logits, con
 }
 
 absl::Status CudaBackend::MoeExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,
-                                     const Tensor& gate_up, const Tensor& down, float swiglu_limit,
-                                     Tensor out) {
-  RETURN_IF_ERROR(op_checks::MoeExperts(u, idx, weights, gate_up, down, out));
-  if (skip()) return absl::OkStatus();
+                                     const MoeWeights& w, float swiglu_limit, Tensor out) {
+  RETURN_IF_ERROR(op_checks::MoeExperts(u, idx, weights, w, out));
+  const Tensor &gate_up = w.gate_up, &down = w.down;
+  // One token with bf16 weights: routed and shared experts in two weight-streaming kernels
+  // (kernels/cuda/gemv.h), no sort and no combine. (h is op scratch: 256-byte aligned.)
+  const bool shared = !w.shared_gate_up.empty();
+  cuda::MoeDecodeArgs a;
+  a.dim = u.dim(1);
+  a.inter = down.dim(2);
+  a.experts = gate_up.dim(0);
+  a.top_k = idx.dim(1);
+  a.swiglu_limit = swiglu_limit;
+  a.u = u.ptr<float>();
+  a.idx = idx.ptr<int32_t>();
+  a.weights = weights.ptr<float>();
+  a.gate_up = gate_up.data;
+  a.down = down.data;
+  a.shared_gate_up = shared ? w.shared_gate_up.data : nullptr;
+  a.shared_down = shared ? w.shared_down.data : nullptr;
+  a.out = out.ptr<float>();
+  const bool fused = row_gemv_ && u.dim(0) == 1 && gate_up.dtype == DType::kBF16 &&
+                     (!shared || w.shared_gate_up.dtype == DType::kBF16) &&
+                     cuda::MoeDecodeFits(a);
+  // A piecewise replay skips the launches but must make the same model-scratch allocations as
+  // its capture (the unfused shared expert allocates three): decide first, skip after.
+  if (skip()) return fused ? absl::OkStatus() : AddSharedExpert(*this, u, w, swiglu_limit, out);
+  if (fused) {
+    ProfileScope prof(profile_.get(), cur_stream(), "MoeExperts", u, gate_up);
+    ASSIGN_OR_RETURN(Tensor h, OpScratch(DType::kF32, Shape{cuda::kMoeDecodeMaxSlots * a.inter}));
+    a.h = h.ptr<float>();
+    return cuda::MoeDecodeBf16(a, cur_stream());
+  }
+  RETURN_IF_ERROR(RoutedExperts(u, idx, weights, w, swiglu_limit, out));
+  return AddSharedExpert(*this, u, w, swiglu_limit, out);
+}
+
+absl::Status CudaBackend::RoutedExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,
+                                        const MoeWeights& w, float swiglu_limit, Tensor out) {
+  const Tensor &gate_up = w.gate_up, &down = w.down;
   ProfileScope prof(profile_.get(), cur_stream(), "MoeExperts", u, gate_up);
   cuda::ExpertsDims d;
   d.tokens = u.dim(0);

@@ -94,8 +94,7 @@ class CudaBackend final : public Backend {
   absl::Status Route(const RouterParams& p, const Tensor& logits, const Tensor& bias,
                      const Tensor& tid2eid, Tensor idx, Tensor weights) override;
   absl::Status MoeExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,
-                          const Tensor& gate_up, const Tensor& down, float swiglu_limit,
-                          Tensor out) override;
+                          const MoeWeights& w, float swiglu_limit, Tensor out) override;
   absl::Status SwiGlu(const Tensor& gate_up, float limit, Tensor h) override;
 
   cudaStream_t stream() const { return stream_.get(); }
@@ -143,6 +142,9 @@ class CudaBackend final : public Backend {
   absl::StatusOr<Tensor> Bump(Arena* arena, DType dtype, Shape shape);
   // An op's own temporary (the ops' arena).
   absl::StatusOr<Tensor> OpScratch(DType dtype, Shape shape) { return Bump(&op_arena_, dtype, shape); }
+  // The sorted grouped expert path (no shared expert).
+  absl::Status RoutedExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,
+                             const MoeWeights& w, float swiglu_limit, Tensor out);
   // The stream ops launch on: the side stream between StepMark::kSideBegin and kSideEnd (the
   // compressors overlap the query path; joined by events, captured as graph branches).
   cudaStream_t cur_stream() const { return on_side_ ? side_.get() : stream_.get(); }
@@ -181,6 +183,7 @@ class CudaBackend final : public Backend {
   int32_t max_position_bound_ = -1;
   Tensor step_scores_;  // the indexer's scores of this step (op arena)
   bool shortcut_in_capture_ = false;
+  bool row_gemv_ = true;  // single-token GEMV / fused MoE kernels (kernels/cuda/gemv.h)
   // Piecewise state.
   PiecewiseGraph* pw_ = nullptr;
   bool pw_capture_ = false;

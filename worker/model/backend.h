@@ -146,6 +146,13 @@ struct SyntheticSpec {
   int32_t modulus = 1;
 };
 
+// One MoE layer's expert weights: routed gate_up [E, 2I, D] (gate rows, then up rows) and
+// down [E, D, I]; the shared expert's gate_up [2I, D] and down [D, I], both empty for none.
+struct MoeWeights {
+  Tensor gate_up, down;
+  Tensor shared_gate_up, shared_down;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -228,13 +235,18 @@ class Backend {
   // [V, K] int32 (hash routing) may be empty when unused.
   virtual absl::Status Route(const RouterParams& p, const Tensor& logits, const Tensor& bias,
                              const Tensor& tid2eid, Tensor idx, Tensor weights) = 0;
-  // out[T, D] = Σ_k weights[t,k] · Expert_{idx[t,k]}(u[t]); gate_up [E, 2I, D], down [E, D, I].
+  // out[T, D] = Σ_k weights[t,k] · Expert_{idx[t,k]}(u[t]) + SharedExpert(u[t]) (MoeWeights),
+  // Expert(u) = down · SwiGLU(gate_up · u) with the clamp `swiglu_limit`.
   virtual absl::Status MoeExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,
-                                  const Tensor& gate_up, const Tensor& down, float swiglu_limit,
-                                  Tensor out) = 0;
+                                  const MoeWeights& w, float swiglu_limit, Tensor out) = 0;
   // h[M, I] = silu(min(gu[:, :I], L)) * clamp(gu[:, I:], -L, L)
   virtual absl::Status SwiGlu(const Tensor& gate_up, float limit, Tensor h) = 0;
 };
+
+// out += shared_down · SwiGLU(shared_gate_up · u) through the backend's own ops (a no-op without a
+// shared expert): the shared expert for backends that do not fuse it into MoeExperts.
+absl::Status AddSharedExpert(Backend& be, const Tensor& u, const MoeWeights& w,
+                             float swiglu_limit, Tensor out);
 
 // Floats of compressor state per sequence slot: the open window's raw projections (a and z,
 // m x c*d each) and, for overlapping (CSA) compressors, the previous window's first halves

@@ -703,7 +703,6 @@ absl::Status Dsv4Model::MoeBlock(int64_t l, const Tensor& u, Tensor out) {
   const ModelConfig& c = config_;
   const LayerWeights& lw = weights_->layers[l];
   const int64_t T = meta_.num_tokens, E = c.n_routed_experts, K = c.num_experts_per_tok;
-  const int64_t I = c.moe_intermediate_size, D = c.hidden_size;
   ASSIGN_OR_RETURN(Tensor logits, be.Scratch(DType::kF32, Shape{T, E}));
   RETURN_IF_ERROR(be.Linear(u, lw.gate, logits));
   RouterParams rp;
@@ -714,15 +713,9 @@ absl::Status Dsv4Model::MoeBlock(int64_t l, const Tensor& u, Tensor out) {
   ASSIGN_OR_RETURN(Tensor weights, be.Scratch(DType::kF32, Shape{T, K}));
   RETURN_IF_ERROR(be.Route(rp, logits, lw.gate_bias, lw.tid2eid, idx, weights));
   const float limit = static_cast<float>(c.swiglu_limit);
-  RETURN_IF_ERROR(be.MoeExperts(u, idx, weights, lw.experts_gate_up, lw.experts_down, limit, out));
-  // Shared expert, same clamped SwiGLU.
-  ASSIGN_OR_RETURN(Tensor gu, be.Scratch(DType::kF32, Shape{T, 2 * I}));
-  RETURN_IF_ERROR(be.Linear(u, lw.shared_gate_up, gu));
-  ASSIGN_OR_RETURN(Tensor h, be.Scratch(DType::kF32, Shape{T, I}));
-  RETURN_IF_ERROR(be.SwiGlu(gu, limit, h));
-  ASSIGN_OR_RETURN(Tensor shared, be.Scratch(DType::kF32, Shape{T, D}));
-  RETURN_IF_ERROR(be.Linear(h, lw.shared_down, shared));
-  return be.Add(out, shared, out);
+  // Routed experts plus the shared expert (same clamped SwiGLU), which a backend may fuse.
+  MoeWeights mw{lw.experts_gate_up, lw.experts_down, lw.shared_gate_up, lw.shared_down};
+  return be.MoeExperts(u, idx, weights, mw, limit, out);
 }
 
 }  // namespace dsv4

@@ -174,13 +174,21 @@ absl::Status Route(const RouterParams& p, const Tensor& logits, const Tensor& bi
 }
 
 absl::Status MoeExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,
-                        const Tensor& gate_up, const Tensor& down, const Tensor& out) {
+                        const MoeWeights& w, const Tensor& out) {
+  const Tensor &gate_up = w.gate_up, &down = w.down;
+  const bool shared_ok =
+      w.shared_gate_up.empty()
+          ? w.shared_down.empty()
+          : IsMatrix(w.shared_gate_up, 2) && IsMatrix(w.shared_down, 2) &&
+                w.shared_gate_up.dtype == w.shared_down.dtype &&
+                w.shared_gate_up.dim(1) == u.dim(1) && w.shared_down.dim(0) == u.dim(1) &&
+                w.shared_gate_up.dim(0) == 2 * w.shared_down.dim(1);
   return Check(Is(u, DType::kF32, 2) && Is(idx, DType::kI32, 2) && IsMatrix(gate_up, 3) &&
                    IsMatrix(down, 3) && gate_up.dtype == down.dtype &&
                    gate_up.dim(2) == u.dim(1) && down.dim(1) == u.dim(1) &&
                    gate_up.dim(1) == 2 * down.dim(2) && gate_up.dim(0) == down.dim(0) &&
                    out.numel() == u.numel() && idx.dim(0) == u.dim(0) &&
-                   weights.numel() == idx.numel(),
+                   weights.numel() == idx.numel() && shared_ok,
                "MoeExperts");
 }
 

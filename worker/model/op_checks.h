@@ -40,7 +40,7 @@ absl::Status RingWrite(const Tensor& kv, const Tensor& ring, int64_t tokens);
 absl::Status Route(const RouterParams& p, const Tensor& logits, const Tensor& bias,
                    const Tensor& tid2eid, const Tensor& idx, const Tensor& weights, int64_t tokens);
 absl::Status MoeExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,
-                        const Tensor& gate_up, const Tensor& down, const Tensor& out);
+                        const MoeWeights& w, const Tensor& out);
 absl::Status SwiGlu(const Tensor& gate_up, const Tensor& h);
 
 }  // namespace dsv4::op_checks

@@ -1,0 +1,244 @@
+#include "kernels/cuda/gemv.h"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "kernels/common/cuda_check.h"
+#include "kernels/cuda/common.cuh"
+
+namespace dsv4::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kChunk = 256;  // k per warp pass: 32 lanes x 8 bf16 (one 16-byte load each)
+
+// 8 activations rounded to bf16, packed in pairs (one paired conversion per two: conversions
+// are the scarce unit here).
+struct X8 {
+  uint32_t p[4];
+};
+__device__ __forceinline__ X8 LoadX8(const float* x) {
+  const float4 a = __ldg(reinterpret_cast<const float4*>(x));
+  const float4 b = __ldg(reinterpret_cast<const float4*>(x + 4));
+  return X8{{PackBf16x2(a.x, a.y), PackBf16x2(a.z, a.w), PackBf16x2(b.x, b.y),
+             PackBf16x2(b.z, b.w)}};
+}
+
+// acc + the fp32 dot product of 8 bf16 weights (one 16-byte word) with 8 bf16 activations.
+__device__ __forceinline__ float Dot8(uint4 w, const X8& x, float acc) {
+  const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    acc = fmaf(__uint_as_float(ws[i] << 16), __uint_as_float(x.p[i] << 16), acc);
+    acc = fmaf(__uint_as_float(ws[i] & 0xffff0000u), __uint_as_float(x.p[i] & 0xffff0000u), acc);
+  }
+  return acc;
+}
+
+// The weight-streaming loop shared by every kernel here: warp g computes group g, R weight rows
+// (bf16, length k, k % 8 == 0; a null row is skipped and sums to 0) each against its activation
+// vector, given by op.Rows(g, w, x), and ends with op.Finish(g, sums) (every lane holds the
+// sums). Each pass loads U chunks of 256 k of every row (R * U 16-byte loads per lane) before
+// using any. Small blocks and few loads per lane: the shapes measured best on the H200 for
+// 2-270 MB weights (bench/results/h200-2026-11-30b/gemv_lab.log: many resident warps beat deep
+// per-warp batches, persistent double-buffered warps and 256-thread blocks).
+//
+// Programmatic dependent launch (launched with LaunchPdl): the kernel lets its dependents launch
+// at once, and with kConstRows (the rows do not depend on earlier kernels: plain weights) it
+// issues its first weight loads before griddepcontrol.wait, so the weight stream starts while
+// the previous kernel finishes. Nothing is read from or written to activations before the wait,
+// and every thread waits before it exits (so this grid never completes ahead of its
+// prerequisites, which a dependent launched early relies on).
+template <int R, int U, bool kSharedX, bool kConstRows, class Op>
+__global__ void __launch_bounds__(kThreads) StreamKernel(const Op op, int64_t groups, int64_t k) {
+  PdlTrigger();
+  const int lane = threadIdx.x & 31;
+  const int64_t g = int64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5);
+  if (g >= groups) {
+    PdlWait();
+    return;
+  }
+  const __nv_bfloat16* w[R];
+  const float* x[R];
+  uint4 v[R][U];
+  auto load = [&](int64_t base) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t kk = base + u * kChunk + lane * 8;
+        v[r][u] = w[r] != nullptr && kk < k
+                      ? LoadWeights16(reinterpret_cast<const uint4*>(w[r] + kk))
+                      : make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+  auto use = [&](int64_t base) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t kk = base + u * kChunk + lane * 8;
+      if (kk < k) {
+        if constexpr (kSharedX) {
+          const X8 xv = LoadX8(x[0] + kk);
+#pragma unroll
+          for (int r = 0; r < R; ++r) acc[r] = Dot8(v[r][u], xv, acc[r]);
+        } else {
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            if (w[r] != nullptr) acc[r] = Dot8(v[r][u], LoadX8(x[r] + kk), acc[r]);
+          }
+        }
+      }
+    }
+  };
+  if constexpr (kConstRows) {
+    op.Rows(g, w, x);
+    load(0);
+    PdlWait();
+  } else {
+    PdlWait();
+    op.Rows(g, w, x);
+    load(0);
+  }
+  constexpr int64_t kPer = int64_t{U} * kChunk;
+  for (int64_t base = 0;;) {
+    use(base);
+    base += kPer;
+    if (base >= k) break;
+    load(base);
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = WarpSum(acc[r]);
+  op.Finish(g, acc);
+}
+
+template <int R, int U, bool kSharedX, bool kConstRows, class Op>
+absl::Status LaunchStream(const Op& op, int64_t groups, int64_t k, cudaStream_t stream) {
+  if (groups == 0) return absl::OkStatus();
+  CUDA_RETURN_IF_ERROR(LaunchPdl(StreamKernel<R, U, kSharedX, kConstRows, Op>,
+                                 dim3(static_cast<unsigned>((groups + kWarps - 1) / kWarps)),
+                                 dim3(kThreads), 0, stream, op, groups, k));
+  return absl::OkStatus();
+}
+
+// y[n] = w[n] . x[n / group_rows]: one row per warp.
+struct GemvOp {
+  const float* x;
+  const __nv_bfloat16* w;
+  int64_t k, rows, group_rows;
+  float* y;
+  __device__ __forceinline__ void Rows(int64_t n, const __nv_bfloat16* (&wr)[1],
+                                       const float* (&xr)[1]) const {
+    wr[0] = w + n * k;
+    xr[0] = x + n / group_rows * k;
+  }
+  __device__ __forceinline__ void Finish(int64_t n, const float (&acc)[1]) const {
+    if ((threadIdx.x & 31) == 0) y[n] = acc[0];
+  }
+};
+
+// The base of slot s's weights (routed expert idx[s], or the shared expert at s == top_k); null
+// when the slot has no (valid) expert.
+__device__ __forceinline__ const __nv_bfloat16* SlotWeights(const MoeDecodeArgs& a, int64_t s,
+                                                            const void* routed,
+                                                            const void* shared,
+                                                            int64_t per_expert) {
+  if (s == a.top_k) return static_cast<const __nv_bfloat16*>(shared);
+  if (s > a.top_k) return nullptr;
+  const int32_t e = a.idx[s];
+  if (e < 0 || e >= a.experts) return nullptr;
+  return static_cast<const __nv_bfloat16*>(routed) + e * per_expert;
+}
+
+// Group g = (slot s = g / I, column c = g % I): gate row c and up row I + c of the slot's
+// gate_up against u; h[s, c] = the clamped SwiGLU (0 for a slot without an expert).
+struct GateUpOp {
+  MoeDecodeArgs a;
+  __device__ __forceinline__ void Rows(int64_t g, const __nv_bfloat16* (&wr)[2],
+                                       const float* (&xr)[2]) const {
+    const int64_t s = g / a.inter, c = g % a.inter;
+    const __nv_bfloat16* base = SlotWeights(a, s, a.gate_up, a.shared_gate_up, 2 * a.inter * a.dim);
+    wr[0] = base != nullptr ? base + c * a.dim : nullptr;
+    wr[1] = base != nullptr ? base + (a.inter + c) * a.dim : nullptr;
+    xr[0] = xr[1] = a.u;
+  }
+  __device__ __forceinline__ void Finish(int64_t g, const float (&acc)[2]) const {
+    if ((threadIdx.x & 31) != 0) return;
+    const int64_t s = g / a.inter;
+    const bool live = SlotWeights(a, s, a.gate_up, a.shared_gate_up, 0) != nullptr;
+    const float gate = fminf(acc[0], a.swiglu_limit);
+    const float up = fminf(fmaxf(acc[1], -a.swiglu_limit), a.swiglu_limit);
+    a.h[g] = live ? gate / (1.0f + expf(-gate)) * up : 0.0f;
+  }
+};
+
+// Group d = output row d over every slot (row r = slot r, against h[r]): out[d] = Σ_{s < top_k}
+// weights[s] · sum_s in slot order, then + the shared expert's sum.
+struct DownOp {
+  MoeDecodeArgs a;
+  __device__ __forceinline__ void Rows(int64_t d, const __nv_bfloat16* (&wr)[kMoeDecodeMaxSlots],
+                                       const float* (&xr)[kMoeDecodeMaxSlots]) const {
+#pragma unroll
+    for (int r = 0; r < kMoeDecodeMaxSlots; ++r) {
+      const __nv_bfloat16* base = SlotWeights(a, r, a.down, a.shared_down, a.dim * a.inter);
+      wr[r] = base != nullptr ? base + d * a.inter : nullptr;
+      xr[r] = a.h + r * a.inter;
+    }
+  }
+  __device__ __forceinline__ void Finish(int64_t d, const float (&acc)[kMoeDecodeMaxSlots]) const {
+    if ((threadIdx.x & 31) != 0) return;
+    float sum = 0.0f, shared = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kMoeDecodeMaxSlots; ++s) {  // unrolled: acc stays in registers
+      if (s < a.top_k && SlotWeights(a, s, a.down, a.shared_down, 0) != nullptr) {
+        sum += a.weights[s] * acc[s];
+      }
+      if (s == a.top_k && a.shared_down != nullptr) shared = acc[s];
+    }
+    a.out[d] = sum + shared;
+  }
+};
+
+}  // namespace
+
+absl::Status RowGemvBf16(const float* x, int64_t k, const void* w, int64_t rows,
+                         int64_t group_rows, float* y, cudaStream_t stream) {
+  if (rows == 0) return absl::OkStatus();
+  if (k <= 0 || k % 8 != 0 || group_rows <= 0 || !Aligned16(x) || !Aligned16(w)) {
+    return absl::InvalidArgumentError(
+        "RowGemvBf16: needs k a positive multiple of 8, group_rows > 0 and 16-byte aligned x, w");
+  }
+  const GemvOp op{x, static_cast<const __nv_bfloat16*>(w), k, rows, group_rows, y};
+  return LaunchStream<1, 4, true, true>(op, rows, k, stream);
+}
+
+bool MoeDecodeFits(const MoeDecodeArgs& a) {
+  const int64_t slots = a.top_k + (a.shared_gate_up != nullptr ? 1 : 0);
+  return a.dim > 0 && a.inter > 0 && a.dim % 8 == 0 && a.inter % 8 == 0 && a.top_k >= 1 &&
+         slots <= kMoeDecodeMaxSlots && a.experts >= 1 && Aligned16(a.u) &&
+         Aligned16(a.gate_up) && Aligned16(a.down) && Aligned16(a.h) &&
+         Aligned16(a.shared_gate_up) && Aligned16(a.shared_down) &&
+         (a.shared_gate_up == nullptr) == (a.shared_down == nullptr);
+}
+
+absl::Status MoeDecodeBf16(const MoeDecodeArgs& a, cudaStream_t stream) {
+  if (!MoeDecodeFits(a)) {
+    return absl::InvalidArgumentError(
+        "MoeDecodeBf16: needs D and I multiples of 8, at most 8 slots (top_k + shared), 16-byte "
+        "aligned operands and both or neither shared weights");
+  }
+  const int64_t slots = a.top_k + (a.shared_gate_up != nullptr ? 1 : 0);
+  // The routed rows come from idx (the router's output): both kernels read them after the wait.
+  if (absl::Status st = LaunchStream<2, 2, true, false>(GateUpOp{a}, slots * a.inter, a.dim, stream);
+      !st.ok()) {
+    return st;
+  }
+  return LaunchStream<kMoeDecodeMaxSlots, 1, false, false>(DownOp{a}, a.dim, a.inter, stream);
+}
+
+}  // namespace dsv4::cuda
