@@ -85,7 +85,88 @@ __global__ void RopeKernel(float* x, int64_t heads, int64_t dim, int64_t rope_di
   }
 }
 
+// RmsNormRegKernel's row normalisation, then RopeKernel's rotation of the trailing rope_dims on
+// the normalised values still in registers: thread i holds elements 4i .. 4i + 3, i.e. the
+// pairs 2i and 2i + 1 (rope_dims % 4 == 0 keeps the rope region float4-aligned).
+__global__ void __launch_bounds__(1024) RmsNormRopeKernel(float* x, const float* w, int dim,
+                                                          float eps, int64_t heads, int rope_dims,
+                                                          const float* inv_freq,
+                                                          const int32_t* positions, bool inverse) {
+  PdlTrigger();
+  __shared__ double scratch[32];
+  const int64_t row = blockIdx.x;  // t * heads + h
+  const int n4 = dim >> 2;
+  const int i = threadIdx.x;
+  float4* xr = reinterpret_cast<float4*>(x + row * dim);
+  float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+  float4 wv = make_float4(1.f, 1.f, 1.f, 1.f);
+  if (i < n4) {
+    a = xr[i];
+    if (w != nullptr) wv = reinterpret_cast<const float4*>(w)[i];
+  }
+  double s = static_cast<double>(a.x) * a.x;
+  s += static_cast<double>(a.y) * a.y;
+  s += static_cast<double>(a.z) * a.z;
+  s += static_cast<double>(a.w) * a.w;
+  s = BlockSumD(s, scratch);
+  const float mean = static_cast<float>(s / static_cast<double>(dim));
+  const float inv = 1.0f / sqrtf(mean + eps);
+  if (i >= n4) return;
+  float o[4];
+  if (w != nullptr) {
+    o[0] = wv.x * (a.x * inv);
+    o[1] = wv.y * (a.y * inv);
+    o[2] = wv.z * (a.z * inv);
+    o[3] = wv.w * (a.w * inv);
+  } else {
+    o[0] = a.x * inv;
+    o[1] = a.y * inv;
+    o[2] = a.z * inv;
+    o[3] = a.w * inv;
+  }
+  const int first = (dim - rope_dims) >> 2;  // the first float4 of the rope region
+  if (i >= first) {
+    const float pos = static_cast<float>(positions[row / heads]);
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int p = 2 * (i - first) + q;
+      const float angle = pos * inv_freq[p];
+      double sd, cd;
+      sincos(static_cast<double>(angle), &sd, &cd);
+      const float c = static_cast<float>(cd);
+      float sn = static_cast<float>(sd);
+      if (inverse) sn = -sn;
+      const float x0 = o[2 * q], x1 = o[2 * q + 1];
+      o[2 * q] = x0 * c - x1 * sn;
+      o[2 * q + 1] = x1 * c + x0 * sn;
+    }
+  }
+  xr[i] = make_float4(o[0], o[1], o[2], o[3]);
+}
+
 }  // namespace
+
+bool RmsNormRopeFits(int64_t dim, int64_t rope_dims, const void* x, const void* w) {
+  const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+  return dim % 4 == 0 && dim <= 4096 && rope_dims % 4 == 0 && rope_dims <= dim && aligned(x) &&
+         (w == nullptr || aligned(w));
+}
+
+absl::Status RmsNormRope(float* x, const float* w, int64_t tokens, int64_t heads, int64_t dim,
+                         float eps, int64_t rope_dims, const float* inv_freq,
+                         const int32_t* positions, bool inverse, cudaStream_t stream) {
+  if (tokens * heads == 0) return absl::OkStatus();
+  if (!RmsNormRopeFits(dim, rope_dims, x, w)) {
+    return absl::InvalidArgumentError("RmsNormRope: needs dim % 4 == 0, dim <= 4096, "
+                                      "rope_dims % 4 == 0 and 16-byte aligned x, w");
+  }
+  const int threads = static_cast<int>(((dim / 4) + 31) / 32 * 32);
+  RmsNormRopeKernel<<<static_cast<unsigned>(tokens * heads), threads, 0, stream>>>(
+      x, w, static_cast<int>(dim), eps, heads, static_cast<int>(rope_dims), inv_freq, positions,
+      inverse);
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
 
 absl::Status RmsNorm(const float* x, const float* w, int64_t rows, int64_t dim, float eps, float* y,
                      cudaStream_t stream) {

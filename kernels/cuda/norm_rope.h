@@ -17,4 +17,11 @@ absl::Status Rope(float* x, int64_t tokens, int64_t heads, int64_t dim, int64_t 
                   const float* inv_freq, const int32_t* positions, bool inverse,
                   cudaStream_t stream);
 
+// RmsNorm (w may be null) of every row of x [T, heads, dim] in place, then Rope of its trailing
+// rope_dims, in one kernel with the arithmetic of the two launchers above (bit-identical).
+bool RmsNormRopeFits(int64_t dim, int64_t rope_dims, const void* x, const void* w);
+absl::Status RmsNormRope(float* x, const float* w, int64_t tokens, int64_t heads, int64_t dim,
+                         float eps, int64_t rope_dims, const float* inv_freq,
+                         const int32_t* positions, bool inverse, cudaStream_t stream);
+
 }  // namespace dsv4::cuda

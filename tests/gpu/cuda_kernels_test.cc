@@ -183,6 +183,49 @@ TEST(CudaOps, RopeMainAndYarnForwardAndInverse) {
   }
 }
 
+// The fused query / latent norm + RoPE: the same arithmetic as the two kernels (bit-identical on
+// the GPU) and the CPU ops within rounding; weighted (kv_norm) and unweighted (per-head q norm),
+// forward and inverse; a dim the fused kernel does not take falls back to the two ops.
+TEST(CudaOps, RmsNormRopeFusedEqualsTheTwoOps) {
+  DSV4_REQUIRE_GPU();
+  BackendPair p;
+  RopeConfig main_rope;
+  main_rope.theta = 10000;
+  struct Case {
+    int64_t heads, dim;
+    bool weighted;
+  };
+  for (const Case& c : std::vector<Case>{{64, 512, false}, {1, 512, true}, {3, 130, true}}) {
+    for (bool inverse : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << c.heads << "x" << c.dim << " w=" << c.weighted
+                                        << " inverse=" << inverse);
+      p.Begin({{0, 17}, {4095, 1}, {1048000, 2}}, kBlock);
+      const int64_t T = p.meta.num_tokens, rd = 64;
+      Both freq = p.Weight(Shape{rd / 2}, RopeInvFreq(main_rope, rd));
+      Both w = p.Weight(Shape{c.dim}, RandomVec(c.dim, 12, 0.5f, 1.5f));
+      const auto xv = RandomVec(T * c.heads * c.dim, 13, -3, 3);
+      Both x = p.Input(Shape{T, c.heads, c.dim}, xv);
+      Both two = p.Input(Shape{T, c.heads, c.dim}, xv);
+      RopeParams rp;
+      rp.rope_dims = rd;
+      rp.inverse = inverse;
+      rp.inv_freq = freq.c;
+      const Tensor wc = c.weighted ? w.c : Tensor{};
+      const Tensor wg = c.weighted ? w.g : Tensor{};
+      ASSERT_TRUE(p.cpu.RmsNormRope(x.c, wc, RmsNormParams{}, rp).ok());
+      rp.inv_freq = freq.g;
+      ASSERT_TRUE(p.gpu->RmsNorm(two.g, wg, RmsNormParams{}, two.g).ok());
+      ASSERT_TRUE(p.gpu->Rope(two.g, rp).ok());
+      ASSERT_TRUE(p.gpu->RmsNormRope(x.g, wg, RmsNormParams{}, rp).ok());
+      std::vector<float> fused(xv.size()), separate(xv.size());
+      ASSERT_TRUE(p.gpu->CopyToHost(x.g, fused.data()).ok());
+      ASSERT_TRUE(p.gpu->CopyToHost(two.g, separate.data()).ok());
+      EXPECT_EQ(0, std::memcmp(fused.data(), separate.data(), fused.size() * sizeof(float)));
+      EXPECT_TRUE(p.Same(x, 2e-5, 1e-4));
+    }
+  }
+}
+
 TEST(CudaOps, EmbedGatherExpandAddSwiGlu) {
   DSV4_REQUIRE_GPU();
   for (Precision prec : {Precision::kFP32, Precision::kBF16}) {

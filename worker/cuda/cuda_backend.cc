@@ -520,6 +520,20 @@ absl::Status CudaBackend::Rope(Tensor x, const RopeParams& p) {
                     view_.positions, p.inverse, cur_stream());
 }
 
+absl::Status CudaBackend::RmsNormRope(Tensor x, const Tensor& weight, const RmsNormParams& norm,
+                                      const RopeParams& rope) {
+  RETURN_IF_ERROR(op_checks::RmsNorm(x, weight, x));
+  RETURN_IF_ERROR(op_checks::Rope(x, rope, view_.num_tokens));
+  if (skip()) return absl::OkStatus();
+  if (!cuda::RmsNormRopeFits(x.dim(2), rope.rope_dims, x.data, F(weight))) {
+    return Backend::RmsNormRope(x, weight, norm, rope);
+  }
+  ProfileScope prof(profile_.get(), cur_stream(), "RmsNormRope", x);
+  return cuda::RmsNormRope(x.ptr<float>(), F(weight), x.dim(0), x.dim(1), x.dim(2), norm.eps,
+                           rope.rope_dims, F(rope.inv_freq), view_.positions, rope.inverse,
+                           cur_stream());
+}
+
 absl::Status CudaBackend::Add(const Tensor& a, const Tensor& b, Tensor out) {
   RETURN_IF_ERROR(op_checks::Add(a, b, out));
   if (skip()) return absl::OkStatus();

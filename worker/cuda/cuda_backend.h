@@ -74,6 +74,8 @@ class CudaBackend final : public Backend {
   absl::Status RmsNorm(const Tensor& x, const Tensor& weight, const RmsNormParams& p,
                        Tensor y) override;
   absl::Status Rope(Tensor x, const RopeParams& p) override;
+  absl::Status RmsNormRope(Tensor x, const Tensor& weight, const RmsNormParams& norm,
+                           const RopeParams& rope) override;
   absl::Status Add(const Tensor& a, const Tensor& b, Tensor out) override;
   absl::Status GatherLogitRows(const Tensor& x, Tensor out) override;
   absl::Status HcExpand(const Tensor& x, Tensor hs) override;

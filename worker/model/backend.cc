@@ -17,4 +17,10 @@ absl::Status AddSharedExpert(Backend& be, const Tensor& u, const MoeWeights& w,
   return be.Add(out, shared, out);
 }
 
+absl::Status Backend::RmsNormRope(Tensor x, const Tensor& weight, const RmsNormParams& norm,
+                                  const RopeParams& rope) {
+  RETURN_IF_ERROR(RmsNorm(x, weight, norm, x));
+  return Rope(x, rope);
+}
+
 }  // namespace dsv4

@@ -190,6 +190,10 @@ class Backend {
                                Tensor y) = 0;
   // x [T, heads, dim] rotated in place at each token's position.
   virtual absl::Status Rope(Tensor x, const RopeParams& p) = 0;
+  // RmsNorm of every [dim] row of x [T, heads, dim] in place, then Rope (one kernel where the
+  // backend fuses them; this default runs the two ops).
+  virtual absl::Status RmsNormRope(Tensor x, const Tensor& weight, const RmsNormParams& norm,
+                                   const RopeParams& rope);
   // out = a + b (same shapes). In place allowed.
   virtual absl::Status Add(const Tensor& a, const Tensor& b, Tensor out) = 0;
   // out[R, D] = x[logit_rows[r]]

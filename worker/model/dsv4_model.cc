@@ -658,13 +658,11 @@ absl::Status Dsv4Model::AttentionBlock(int64_t l, const Tensor& x, Tensor out) {
   }
   ASSIGN_OR_RETURN(Tensor q, be.Scratch(DType::kF32, Shape{T, H, hd}));
   RETURN_IF_ERROR(be.Linear(cq, lw.q_b_proj, q.View(Shape{T, H * hd})));
-  RETURN_IF_ERROR(be.RmsNorm(q, Tensor{}, norm, q));
-  RETURN_IF_ERROR(be.Rope(q, rope));
+  RETURN_IF_ERROR(be.RmsNormRope(q, Tensor{}, norm, rope));
   // The single K=V latent.
   ASSIGN_OR_RETURN(Tensor kv, be.Scratch(DType::kF32, Shape{T, hd}));
   RETURN_IF_ERROR(be.Linear(x, lw.kv_proj, kv));
-  RETURN_IF_ERROR(be.RmsNorm(kv, lw.kv_norm, norm, kv));
-  RETURN_IF_ERROR(be.Rope(kv.View(Shape{T, 1, hd}), rope));
+  RETURN_IF_ERROR(be.RmsNormRope(kv.View(Shape{T, 1, hd}), lw.kv_norm, norm, rope));
 
   Tensor selected;
   if (csa) {
