@@ -1,0 +1,456 @@
+// Decode floor lab: standalone measurements behind the single-token kernel choices and the
+// per-kernel floor quoted in docs/cuda-backend.md. Not part of the build (no project code, no
+// dependencies): compile by hand and run on the GPU host.
+//
+//   nvcc -O3 -std=c++17 -arch=sm_90a -o decode_floor_lab bench/lab/decode_floor_lab.cu
+//   ./decode_floor_lab gemv       # GEMV shapes back to back, and the 61-GEMV decode chain in a graph
+//   ./decode_floor_lab moe        # single-token expert kernels (6 routed + shared), variants
+//   ./decode_floor_lab prefetch   # L2 prefetch of the next weights from a side stream
+//
+// Results of 2026-11-30: bench/results/h200-2026-11-30b/{gemv_lab,moe_lab,l2_prefetch_lab}.log.
+// Weights are filled with a constant (the kernels' speed does not depend on the values); every
+// figure is wall time per call or per graph replay from CUDA events.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+void Check(cudaError_t e, const char* what, int line) {
+  if (e == cudaSuccess) return;
+  std::fprintf(stderr, "%s (line %d): %s\n", what, line, cudaGetErrorString(e));
+  std::exit(1);
+}
+#define LAB_CHECK(x) Check((x), #x, __LINE__)
+
+using bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ uint4 LoadWeights(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ uint32_t Pack(float a, float b) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// acc + 8 bf16 weights · 8 activations (rounded to bf16), as the production kernel computes it.
+__device__ __forceinline__ float Dot8(uint4 w, const float* x, float acc) {
+  const float4 a = __ldg(reinterpret_cast<const float4*>(x));
+  const float4 b = __ldg(reinterpret_cast<const float4*>(x + 4));
+  const uint32_t xs[4] = {Pack(a.x, a.y), Pack(a.z, a.w), Pack(b.x, b.y), Pack(b.z, b.w)};
+  const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    acc = fmaf(__uint_as_float(ws[i] << 16), __uint_as_float(xs[i] << 16), acc);
+    acc = fmaf(__uint_as_float(ws[i] & 0xffff0000u), __uint_as_float(xs[i] & 0xffff0000u), acc);
+  }
+  return acc;
+}
+
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// ---- one kernel shape for every variant: R rows per warp (row r of group g is w[g * R + r] or,
+// with kPairs, gate row g and up row g + rows / 2), U 256-wide chunks per pass, T threads.
+// kPdl: lets dependents launch at once and issues the first weight loads before the wait.
+template <int R, int U, int T, bool kPdl>
+__global__ void __launch_bounds__(T) RowsKernel(const float* x, const bf16* w, int64_t k,
+                                                int64_t rows, float* y) {
+  if (kPdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  const int lane = threadIdx.x & 31;
+  const int64_t first = (int64_t{blockIdx.x} * (T / 32) + (threadIdx.x >> 5)) * R;
+  bool waited = !kPdl;
+  float acc[R] = {};
+  uint4 v[R][U];
+  if (first < rows) {
+    for (int64_t base = 0; base < k; base += U * 256) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int64_t kk = base + u * 256 + lane * 8;
+          v[r][u] = first + r < rows && kk < k ? LoadWeights(w + (first + r) * k + kk)
+                                                : make_uint4(0, 0, 0, 0);
+        }
+      }
+      if (!waited) {
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+        waited = true;
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int64_t kk = base + u * 256 + lane * 8;
+          if (first + r < rows && kk < k) acc[r] = Dot8(v[r][u], x + kk, acc[r]);
+        }
+      }
+    }
+  }
+  if (!waited) asm volatile("griddepcontrol.wait;" ::: "memory");
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float s = WarpSum(acc[r]);
+    if (lane == r && first + r < rows) y[first + r] = s;
+  }
+}
+
+// A small dependent op between GEMVs (like a norm): 4096 floats, one block.
+__global__ void TinyKernel(const float* a, float* b) {
+  for (int i = threadIdx.x; i < 4096; i += blockDim.x) b[i] = a[i] * 0.5f + 1.0f;
+}
+
+using RowsFn = void (*)(const float*, const bf16*, int64_t, int64_t, float*);
+struct Variant {
+  const char* name;
+  RowsFn plain, pdl;
+  int rows_per_warp, threads;
+};
+template <int R, int U, int T>
+Variant MakeVariant(const char* name) {
+  return Variant{name, RowsKernel<R, U, T, false>, RowsKernel<R, U, T, true>, R, T};
+}
+
+void LaunchRows(const Variant& v, bool pdl, cudaStream_t s, const float* x, const bf16* w,
+                int64_t k, int64_t rows, float* y) {
+  const int64_t per_block = int64_t{v.threads / 32} * v.rows_per_warp;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>((rows + per_block - 1) / per_block));
+  cfg.blockDim = dim3(v.threads);
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  LAB_CHECK(cudaLaunchKernelEx(&cfg, pdl ? v.pdl : v.plain, x, w, k, rows, y));
+}
+
+// Microseconds per call of `issue` (3 warm-up calls, then `iters` timed ones).
+template <class F>
+double Micros(cudaStream_t s, int iters, F issue) {
+  cudaEvent_t e0, e1;
+  LAB_CHECK(cudaEventCreate(&e0));
+  LAB_CHECK(cudaEventCreate(&e1));
+  for (int i = 0; i < 3; ++i) issue();
+  LAB_CHECK(cudaEventRecord(e0, s));
+  for (int i = 0; i < iters; ++i) issue();
+  LAB_CHECK(cudaEventRecord(e1, s));
+  LAB_CHECK(cudaEventSynchronize(e1));
+  float ms = 0;
+  LAB_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  LAB_CHECK(cudaEventDestroy(e0));
+  LAB_CHECK(cudaEventDestroy(e1));
+  return ms * 1000.0 / iters;
+}
+
+// Instantiates and times a graph captured from `record` on `s`.
+template <class F>
+double GraphMicros(cudaStream_t s, int iters, F record) {
+  cudaGraph_t g;
+  cudaGraphExec_t exec;
+  LAB_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  record();
+  LAB_CHECK(cudaStreamEndCapture(s, &g));
+  LAB_CHECK(cudaGraphInstantiate(&exec, g, 0));
+  const double us = Micros(s, iters, [&] { LAB_CHECK(cudaGraphLaunch(exec, s)); });
+  LAB_CHECK(cudaGraphExecDestroy(exec));
+  LAB_CHECK(cudaGraphDestroy(g));
+  return us;
+}
+
+struct Shape {
+  const char* name;
+  int64_t n, k;
+};
+
+template <class T>
+T* DeviceFill(size_t count, int byte) {
+  T* p = nullptr;
+  LAB_CHECK(cudaMalloc(&p, count * sizeof(T)));
+  LAB_CHECK(cudaMemset(p, byte, count * sizeof(T)));
+  return p;
+}
+
+int Gemv(cudaStream_t s) {
+  std::vector<Shape> layer = {{"q_a", 1024, 4096},  {"q_b", 32768, 1024},   {"kv", 512, 4096},
+                              {"o_a", 8192, 4096},  {"o_b", 4096, 8192},    {"router", 256, 4096},
+                              {"sh_gu", 4096, 4096}, {"sh_dn", 4096, 2048}};
+  for (int e = 0; e < 6; ++e) {
+    layer.push_back({"ex_gu", 4096, 4096});
+    layer.push_back({"ex_dn", 4096, 2048});
+  }
+  std::vector<Shape> chain;
+  for (int l = 0; l < 3; ++l) chain.insert(chain.end(), layer.begin(), layer.end());
+  chain.push_back({"lm_head", 129280, 4096});
+  size_t total = 0;
+  for (const Shape& c : chain) total += c.n * c.k;
+  bf16* pool = DeviceFill<bf16>(total, 0x3c);
+  float* x = DeviceFill<float>(1 << 18, 0);
+  float* y = DeviceFill<float>(129280, 0);
+  const std::vector<Variant> variants = {
+      MakeVariant<1, 16, 256>("R1 U16 T256"), MakeVariant<2, 8, 256>("R2 U8 T256"),
+      MakeVariant<4, 4, 256>("R4 U4 T256"),   MakeVariant<1, 8, 256>("R1 U8 T256"),
+      MakeVariant<1, 8, 128>("R1 U8 T128"),   MakeVariant<2, 4, 128>("R2 U4 T128"),
+      MakeVariant<1, 4, 128>("R1 U4 T128"),   MakeVariant<1, 16, 128>("R1 U16 T128"),
+      MakeVariant<1, 32, 256>("R1 U32 T256")};
+  const std::vector<Shape> singles = {{"q_a", 1024, 4096},   {"q_b", 32768, 1024},
+                                      {"kv", 512, 4096},     {"o_b", 4096, 8192},
+                                      {"o_a", 8192, 4096},   {"sh_gu", 4096, 4096},
+                                      {"sh_dn", 4096, 2048}, {"lm_head", 129280, 4096}};
+  std::printf("back to back, us per call (GB/s); R rows per warp, U loads per lane per pass, "
+              "T threads\n%-14s", "variant");
+  for (const Shape& sh : singles) std::printf(" %16s", sh.name);
+  std::printf("\n");
+  for (const Variant& v : variants) {
+    std::printf("%-14s", v.name);
+    for (const Shape& sh : singles) {
+      const double us = Micros(s, 30, [&] { LaunchRows(v, false, s, x, pool, sh.k, sh.n, y); });
+      std::printf(" %7.1f (%6.0f)", us, sh.n * sh.k * 2 / us / 1e3);
+    }
+    std::printf("\n");
+  }
+  std::printf("\ngraph of the decode chain: %zu GEMVs (3 layers + lm_head), %.1f MB, roofline "
+              "%.1f us at 4.8 TB/s; tiny=1 puts a small dependent kernel before each GEMV\n",
+              chain.size(), total * 2 / 1e6, total * 2 / 4.8e6);
+  for (int pdl = 0; pdl < 2; ++pdl) {
+    for (const Variant& v : variants) {
+      for (int tiny = 0; tiny < 2; ++tiny) {
+        const double us = GraphMicros(s, 20, [&] {
+          size_t off = 0;
+          for (const Shape& c : chain) {
+            if (tiny) TinyKernel<<<1, 256, 0, s>>>(y, x);
+            LaunchRows(v, pdl, s, x, pool + off, c.k, c.n, y);
+            off += c.n * c.k;
+          }
+        });
+        std::printf("%-14s pdl=%d tiny=%d %8.1f us/step %6.0f GB/s\n", v.name, pdl, tiny, us,
+                    total * 2 / us / 1e3);
+      }
+    }
+  }
+  return 0;
+}
+
+// ---- experts at one token: 7 slots (6 routed + shared) stored back to back, D 4096, I 2048 ----
+constexpr int64_t kD = 4096, kI = 2048, kSlots = 7;
+
+// Group g: with R == 2 the gate and up rows of column g (shared x, SwiGLU written to h[g]);
+// with R == 1 row g of the stacked [slots * 2I, D] weights (the dot product written to h[g]).
+template <int R, int U, int T>
+__global__ void __launch_bounds__(T) GateUpKernel(const float* u, const bf16* gu, float* h) {
+  const int lane = threadIdx.x & 31;
+  const int64_t g = int64_t{blockIdx.x} * (T / 32) + (threadIdx.x >> 5);
+  const int64_t groups = R == 2 ? kSlots * kI : kSlots * 2 * kI;
+  if (g >= groups) return;
+  const bf16* w[R];
+  if (R == 2) {
+    const int64_t s = g / kI, c = g % kI;
+    w[0] = gu + (s * 2 * kI + c) * kD;
+    w[R - 1] = gu + (s * 2 * kI + kI + c) * kD;
+  } else {
+    w[0] = gu + g * kD;
+  }
+  float acc[R] = {};
+  uint4 v[R][U];
+  for (int64_t base = 0; base < kD; base += U * 256) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int q = 0; q < U; ++q) v[r][q] = LoadWeights(w[r] + base + q * 256 + lane * 8);
+    }
+#pragma unroll
+    for (int q = 0; q < U; ++q) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r] = Dot8(v[r][q], u + base + q * 256 + lane * 8, acc[r]);
+    }
+  }
+  const float a0 = WarpSum(acc[0]);
+  if (R == 2) {
+    const float a1 = WarpSum(acc[R - 1]);
+    if (lane == 0) {
+      const float gate = fminf(a0, 10.0f), up = fminf(fmaxf(a1, -10.0f), 10.0f);
+      h[g] = gate / (1.0f + expf(-gate)) * up;
+    }
+  } else if (lane == 0) {
+    h[g] = a0;
+  }
+}
+
+// kAllSlots: warp d sums every slot of output row d (weighted); else group (s, d) writes the
+// per-slot partial (a combine launch would follow).
+template <bool kAllSlots, int U, int T>
+__global__ void __launch_bounds__(T) DownKernel(const float* h, const bf16* dn, const float* wt,
+                                                float* out) {
+  const int lane = threadIdx.x & 31;
+  const int64_t g = int64_t{blockIdx.x} * (T / 32) + (threadIdx.x >> 5);
+  if (kAllSlots) {
+    if (g >= kD) return;
+    float acc[8] = {};
+    uint4 v[8][U];
+    for (int64_t base = 0; base < kI; base += U * 256) {
+#pragma unroll
+      for (int r = 0; r < 8; ++r) {
+#pragma unroll
+        for (int q = 0; q < U; ++q) {
+          v[r][q] = r < kSlots ? LoadWeights(dn + (r * kD + g) * kI + base + q * 256 + lane * 8)
+                               : make_uint4(0, 0, 0, 0);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 8; ++r) {
+#pragma unroll
+        for (int q = 0; q < U; ++q) {
+          if (r < kSlots) acc[r] = Dot8(v[r][q], h + r * kI + base + q * 256 + lane * 8, acc[r]);
+        }
+      }
+    }
+    float sum = 0;
+#pragma unroll
+    for (int r = 0; r < kSlots; ++r) sum += wt[r] * WarpSum(acc[r]);
+    if (lane == 0) out[g] = sum;
+  } else {
+    if (g >= kD * kSlots) return;
+    const int64_t s = g / kD, d = g % kD;
+    float acc = 0;
+    uint4 v[U];
+    for (int64_t base = 0; base < kI; base += U * 256) {
+#pragma unroll
+      for (int q = 0; q < U; ++q) v[q] = LoadWeights(dn + (s * kD + d) * kI + base + q * 256 + lane * 8);
+#pragma unroll
+      for (int q = 0; q < U; ++q) acc = Dot8(v[q], h + s * kI + base + q * 256 + lane * 8, acc);
+    }
+    acc = WarpSum(acc);
+    if (lane == 0) out[kD + s * kD + d] = acc;
+  }
+}
+
+int Moe(cudaStream_t s) {
+  bf16* gu = DeviceFill<bf16>(kSlots * 2 * kI * kD, 0x3c);
+  bf16* dn = DeviceFill<bf16>(kSlots * kD * kI, 0x3c);
+  float* u = DeviceFill<float>(kD, 0);
+  float* h = DeviceFill<float>(kSlots * 2 * kI, 0);
+  float* out = DeviceFill<float>((kSlots + 1) * kD, 0);
+  float* wt = DeviceFill<float>(16, 0);
+  const double gu_bytes = 2.0 * kSlots * 2 * kI * kD, dn_bytes = 2.0 * kSlots * kD * kI;
+  auto gate_up = [&](const char* name, auto kernel, int rows_per_warp, int threads) {
+    const int64_t groups = rows_per_warp == 2 ? kSlots * kI : kSlots * 2 * kI;
+    const unsigned blocks = static_cast<unsigned>((groups + threads / 32 - 1) / (threads / 32));
+    const double us = Micros(s, 30, [&] { kernel<<<blocks, threads, 0, s>>>(u, gu, h); });
+    std::printf("gate_up %-14s %7.1f us %6.0f GB/s\n", name, us, gu_bytes / us / 1e3);
+  };
+  auto down = [&](const char* name, auto kernel, bool all_slots, int threads) {
+    const int64_t groups = all_slots ? kD : kD * kSlots;
+    const unsigned blocks = static_cast<unsigned>((groups + threads / 32 - 1) / (threads / 32));
+    const double us = Micros(s, 30, [&] { kernel<<<blocks, threads, 0, s>>>(h, dn, wt, out); });
+    std::printf("down    %-14s %7.1f us %6.0f GB/s\n", name, us, dn_bytes / us / 1e3);
+  };
+  gate_up("R2 U2 T128", GateUpKernel<2, 2, 128>, 2, 128);
+  gate_up("R2 U4 T128", GateUpKernel<2, 4, 128>, 2, 128);
+  gate_up("R2 U1 T128", GateUpKernel<2, 1, 128>, 2, 128);
+  gate_up("R1 U4 T128", GateUpKernel<1, 4, 128>, 1, 128);
+  gate_up("R1 U8 T128", GateUpKernel<1, 8, 128>, 1, 128);
+  gate_up("R1 U2 T128", GateUpKernel<1, 2, 128>, 1, 128);
+  gate_up("R2 U2 T256", GateUpKernel<2, 2, 256>, 2, 256);
+  gate_up("R1 U4 T256", GateUpKernel<1, 4, 256>, 1, 256);
+  down("all-slots U1 T128", DownKernel<true, 1, 128>, true, 128);
+  down("all-slots U1 T64", DownKernel<true, 1, 64>, true, 64);
+  down("all-slots U1 T256", DownKernel<true, 1, 256>, true, 256);
+  down("per-slot U4 T128", DownKernel<false, 4, 128>, false, 128);
+  down("per-slot U8 T128", DownKernel<false, 8, 128>, false, 128);
+  down("per-slot U2 T128", DownKernel<false, 2, 128>, false, 128);
+  down("per-slot U4 T64", DownKernel<false, 4, 64>, false, 64);
+  return 0;
+}
+
+// ---- L2 prefetch of the next GEMV's weights during small kernels ----
+__global__ void PrefetchBulkKernel(const char* p, int64_t bytes) {
+  const int64_t off = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) * 65536;
+  if (off >= bytes) return;
+  const uint32_t n = static_cast<uint32_t>(bytes - off < 65536 ? bytes - off : 65536);
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(n) : "memory");
+}
+
+__global__ void PrefetchLinesKernel(const char* p, int64_t bytes) {
+  for (int64_t off = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) * 128; off < bytes;
+       off += int64_t{gridDim.x} * blockDim.x * 128) {
+    asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p + off));
+  }
+}
+
+int Prefetch(cudaStream_t s) {
+  cudaStream_t side;
+  cudaEvent_t fork, join;
+  LAB_CHECK(cudaStreamCreate(&side));
+  LAB_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  LAB_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  // Six distinct o_a-sized weights in turn, so no GEMV finds its weights in L2 from the last one.
+  const int64_t rows = 8192, k = 4096, copies = 6, bytes = rows * k * 2;
+  bf16* w = DeviceFill<bf16>(rows * k * copies, 0x3c);
+  float* x = DeviceFill<float>(k, 0);
+  float* y = DeviceFill<float>(rows, 0);
+  float* t0 = DeviceFill<float>(4096, 0);
+  float* t1 = DeviceFill<float>(4096, 0);
+  int dev = 0, l2 = 0;
+  LAB_CHECK(cudaGetDevice(&dev));
+  LAB_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+  std::printf("L2 %d MB; each step: N small kernels then a %lld MB GEMV (R1 U4 T128)\n", l2 >> 20,
+              static_cast<long long>(bytes >> 20));
+  const Variant v = MakeVariant<1, 4, 128>("R1 U4 T128");
+  const char* modes[] = {"none", "bulk", "lines"};
+  for (int tinies : {0, 8, 16}) {
+    for (int mode = 0; mode < 3; ++mode) {
+      for (int64_t mb : {8, 16, 24, 32, 48}) {
+        if (mode == 0 && mb != 8) continue;
+        const double us = GraphMicros(s, 20, [&] {
+          for (int64_t i = 0; i < copies; ++i) {
+            const bf16* wi = w + i * rows * k;
+            if (mode > 0) {
+              LAB_CHECK(cudaEventRecord(fork, s));
+              LAB_CHECK(cudaStreamWaitEvent(side, fork, 0));
+              const int64_t pb = mb << 20;
+              if (mode == 1) {
+                PrefetchBulkKernel<<<static_cast<unsigned>((pb / 65536 + 127) / 128), 128, 0,
+                                     side>>>(reinterpret_cast<const char*>(wi), pb);
+              } else {
+                PrefetchLinesKernel<<<264, 256, 0, side>>>(reinterpret_cast<const char*>(wi), pb);
+              }
+              LAB_CHECK(cudaEventRecord(join, side));
+            }
+            for (int j = 0; j < tinies; ++j) TinyKernel<<<1, 256, 0, s>>>(j % 2 ? t1 : t0, j % 2 ? t0 : t1);
+            if (mode > 0) LAB_CHECK(cudaStreamWaitEvent(s, join, 0));
+            LaunchRows(v, false, s, x, wi, k, rows, y);
+          }
+        });
+        std::printf("tiny=%2d %-5s prefetch %2lld MB: %7.1f us per step\n", tinies, modes[mode],
+                    static_cast<long long>(mode ? mb : 0), us / copies);
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* what = argc > 1 ? argv[1] : "";
+  cudaStream_t s;
+  LAB_CHECK(cudaStreamCreate(&s));
+  if (!std::strcmp(what, "gemv")) return Gemv(s);
+  if (!std::strcmp(what, "moe")) return Moe(s);
+  if (!std::strcmp(what, "prefetch")) return Prefetch(s);
+  std::fprintf(stderr, "usage: %s gemv|moe|prefetch\n", argv[0]);
+  return 2;
+}
