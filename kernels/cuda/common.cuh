@@ -96,8 +96,10 @@ __device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
 
 // ---- programmatic dependent launch (PDL) ----
 // A kernel launched with LaunchPdl may start while the previous kernel on its stream is still
-// running; it must call PdlWait() before it reads anything an earlier kernel wrote or writes
-// anything, and every thread must reach PdlWait() before exiting. PdlTrigger() lets this
+// running; it must call PdlWait() before it reads anything an earlier kernel may still be
+// writing or writes anything, and every thread must reach PdlWait() before exiting. Before the
+// wait it may read only what no kernel writes during a step (weights): that relies on no
+// kernel that writes weights ever triggering its dependents early. PdlTrigger() lets this
 // kernel's own PDL dependents launch; it is harmless anywhere (a no-op without such dependents),
 // so the kernels that precede the weight-streaming ones call it first thing. In a CUDA graph the
 // same-stream edge becomes a programmatic edge. DSV4_PDL=0 launches without the attribute

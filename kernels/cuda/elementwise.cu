@@ -2,6 +2,8 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
+
 #include "kernels/common/cuda_check.h"
 #include "kernels/counter_rng.h"
 
@@ -74,7 +76,8 @@ __global__ void HcExpandKernel(const float* x, int64_t n, int64_t dim, float* hs
 }
 
 dim3 RowGrid(int64_t rows, int64_t width) {
-  return dim3(static_cast<unsigned>(rows), static_cast<unsigned>((width + kThreads - 1) / kThreads));
+  const int64_t cols = std::max<int64_t>((width + kThreads - 1) / kThreads, 1);
+  return dim3(static_cast<unsigned>(rows), static_cast<unsigned>(cols));
 }
 
 __global__ void RingWriteKernel(const float* kv, int64_t dim, int64_t window, RaggedBatchView b,

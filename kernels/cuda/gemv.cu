@@ -20,8 +20,8 @@ struct X8 {
   uint32_t p[4];
 };
 __device__ __forceinline__ X8 LoadX8(const float* x) {
-  const float4 a = __ldg(reinterpret_cast<const float4*>(x));
-  const float4 b = __ldg(reinterpret_cast<const float4*>(x + 4));
+  const float4 a = *reinterpret_cast<const float4*>(x);
+  const float4 b = *reinterpret_cast<const float4*>(x + 4);
   return X8{{PackBf16x2(a.x, a.y), PackBf16x2(a.z, a.w), PackBf16x2(b.x, b.y),
              PackBf16x2(b.z, b.w)}};
 }
@@ -42,15 +42,17 @@ __device__ __forceinline__ float Dot8(uint4 w, const X8& x, float acc) {
 // vector, given by op.Rows(g, w, x), and ends with op.Finish(g, sums) (every lane holds the
 // sums). Each pass loads U chunks of 256 k of every row (R * U 16-byte loads per lane) before
 // using any. Small blocks and few loads per lane: the shapes measured best on the H200 for
-// 2-270 MB weights (bench/results/h200-2026-11-30b/gemv_lab.log: many resident warps beat deep
-// per-warp batches, persistent double-buffered warps and 256-thread blocks).
+// 2-270 MB weights (bench/lab/decode_floor_lab.cu, bench/results/h200-2026-11-30b/lab/gemv.log:
+// many resident warps beat deep per-warp batches and 256-thread blocks; persistent
+// double-buffered warps were slower still, kernels_decode_v2_persistent.log).
 //
 // Programmatic dependent launch (launched with LaunchPdl): the kernel lets its dependents launch
 // at once, and with kConstRows (the rows do not depend on earlier kernels: plain weights) it
 // issues its first weight loads before griddepcontrol.wait, so the weight stream starts while
 // the previous kernel finishes. Nothing is read from or written to activations before the wait,
 // and every thread waits before it exits (so this grid never completes ahead of its
-// prerequisites, which a dependent launched early relies on).
+// prerequisites, which a dependent launched early relies on). Activations are read with plain
+// (coherent) loads: they may have been written by the grid this one overlapped.
 template <int R, int U, bool kSharedX, bool kConstRows, class Op>
 __global__ void __launch_bounds__(kThreads) StreamKernel(const Op op, int64_t groups, int64_t k) {
   PdlTrigger();

@@ -1,9 +1,10 @@
 // Single-token (decode at batch 1) products with bf16 weights: a GEMV for every projection and a
 // fused routed + shared expert block. At one token a step is a stream of weights, so these
-// kernels are built for HBM bandwidth: one wave of resident blocks, each warp streaming a
-// contiguous range of whole weight rows with two 16-load segments per lane in flight (double
-// buffered), no shared-memory staging, no split-K combine and no sort. Numerics follow the GEMM convention of the other paths: x rounded to bf16, exact
-// products in fp32, fp32 accumulation (lane order, then a fixed butterfly): deterministic.
+// kernels are built for HBM bandwidth: one warp per group of whole weight rows, small blocks,
+// 16-byte weight loads issued a pass ahead of their use, no shared-memory staging, no split-K
+// combine and no sort; launched with programmatic dependent launch (common.cuh). Numerics follow
+// the GEMM convention of the other paths: x rounded to bf16, exact products in fp32, fp32
+// accumulation (lane order, then a fixed butterfly): deterministic.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,7 +22,8 @@ absl::Status RowGemvBf16(const float* x, int64_t k, const void* w, int64_t rows,
                          int64_t group_rows, float* y, cudaStream_t stream);
 
 // One token through the MoE block's experts: out[D] = Σ_s weights[s] · E_{idx[s]}(u) (+ the
-// shared expert with weight 1 when shared_gate_up is non-null), E(u) = down · SwiGLU(gate_up · u)
+// shared expert with weight 1 when shared_gate_up is non-null; its intermediate size is I too),
+// E(u) = down · SwiGLU(gate_up · u)
 // with SwiGLU(g, v) = silu(min(g, L)) · clamp(v, -L, L) rounded to bf16 before the down
 // projection (as in the grouped path). gate_up [E, 2I, D] and down [E, D, I] bf16, shared
 // [2I, D] and [D, I]; slots with an expert id outside [0, E) contribute nothing. `h` is device

@@ -158,9 +158,10 @@ struct ShortLongResult {
 // graph replayed at ~3000 positions: 750 > 512 visible CSA entries, so the indexer must score).
 // Both workers are fed the eager worker's tokens (teacher forcing), so one near-tie cannot make
 // the runs drift apart.
-ShortLongResult CaptureShortReplayLong(const CudaGraphOptions& options) {
+ShortLongResult CaptureShortReplayLong(const CudaGraphOptions& options,
+                                       Precision precision = Precision::kFP32) {
   ShortLongResult res;
-  Pair p = MakeWorkers(2, options, Precision::kFP32);
+  Pair p = MakeWorkers(2, options, precision);
   if (!p.graph || !p.eager) return res;
   const int32_t per_seq = kMaxLen / p.cache.block_size;
   std::vector<Req> reqs =
@@ -221,6 +222,19 @@ TEST(CudaGraphs, CaptureShortReplayLongMatchesEager) {
       "    capture short / replay long: max |logprob diff| %.3g, %d replays, %d mismatches\n",
       r.max_logprob_diff, r.long_replays, r.token_mismatches);
   EXPECT_EQ(r.long_replays, 6);  // captured once (short), replayed at every long step
+  EXPECT_LT(r.max_logprob_diff, 1e-3);
+  EXPECT_EQ(r.token_mismatches, 0);
+}
+
+// The same in bf16, where a batch-1 step runs the single-token kernels (weight-streaming GEMV,
+// fused experts) with programmatic dependent launch: inside the FULL graph they must give what
+// they give eagerly.
+TEST(CudaGraphs, CaptureShortReplayLongMatchesEagerInBf16) {
+  DSV4_REQUIRE_GPU();
+  const ShortLongResult r = CaptureShortReplayLong(CudaGraphOptions{}, Precision::kBF16);
+  std::printf("    bf16: max |logprob diff| %.3g, %d replays, %d mismatches\n", r.max_logprob_diff,
+              r.long_replays, r.token_mismatches);
+  EXPECT_EQ(r.long_replays, 6);
   EXPECT_LT(r.max_logprob_diff, 1e-3);
   EXPECT_EQ(r.token_mismatches, 0);
 }

@@ -75,8 +75,8 @@ void MirrorBf16(BackendPair& p, const Both& t) {
 TEST(CudaOps, LinearBf16MatchesReferenceOnRoundedOperands) {
   DSV4_REQUIRE_GPU();
   BackendPair p(Precision::kBF16);
-  // M = 1 takes the single-token GEMV at every width (rows per warp by K: 4096+, 2048, less);
-  // K % 256 != 0 leaves lanes of the last chunk idle.
+  // M = 1 takes the single-token GEMV (kernels/cuda/gemv.h) up to 256 Mi weight elements and
+  // cuBLASLt above (lm_head); K % 256 != 0 leaves lanes of the last chunk idle.
   for (const GemmCase& c : std::vector<GemmCase>{{1, 129280, 4096},  // lm_head
                                                   {1, 1024, 4096},    // q_a
                                                   {1, 32768, 1024},   // q_b

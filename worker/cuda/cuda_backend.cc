@@ -30,6 +30,7 @@ constexpr int64_t kRowGemvMaxElems = int64_t{1} << 28;
 size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 const float* F(const Tensor& t) { return t.empty() ? nullptr : t.ptr<float>(); }
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Times one op while profiling (see OpProfile); the key is the op and its shapes.
 class ProfileScope {
@@ -452,6 +453,11 @@ absl::StatusOr<const void*> CudaBackend::MatrixOperand(const Tensor& x, const Te
   return static_cast<const void*>(xb.data);
 }
 
+bool CudaBackend::UseRowGemv(const Tensor& x, const Tensor& w) const {
+  return row_gemv_ && x.dim(0) == 1 && w.dtype == DType::kBF16 && w.dim(1) % 8 == 0 &&
+         w.numel() <= kRowGemvMaxElems && Aligned16(x.data) && Aligned16(w.data);
+}
+
 absl::Status CudaBackend::Linear(const Tensor& x, const Tensor& w, Tensor y) {
   RETURN_IF_ERROR(op_checks::Linear(x, w, y));
   if (skip()) return absl::OkStatus();
@@ -460,8 +466,7 @@ absl::Status CudaBackend::Linear(const Tensor& x, const Tensor& w, Tensor y) {
   // cuBLASLt's single-row kernels there and needs no bf16 copy of x; on the 0.5 Gi-element
   // lm_head cuBLASLt streams ~4% faster). Other single-row products with narrow outputs: the
   // split-K GEMV (cuBLASLt picks few CTAs there); everything else stays with cuBLASLt.
-  if (row_gemv_ && x.dim(0) == 1 && w.dtype == DType::kBF16 && w.dim(1) % 8 == 0 &&
-      w.numel() <= kRowGemvMaxElems) {
+  if (UseRowGemv(x, w)) {
     return cuda::RowGemvBf16(x.ptr<float>(), w.dim(1), w.data, w.dim(0), w.dim(0), y.ptr<float>(),
                              cur_stream());
   }
@@ -483,7 +488,7 @@ absl::Status CudaBackend::GroupedLinear(const Tensor& x, const Tensor& w, int64_
   RETURN_IF_ERROR(op_checks::GroupedLinear(x, w, groups, y));
   if (skip()) return absl::OkStatus();
   ProfileScope prof(profile_.get(), cur_stream(), "GroupedLinear", x, w);
-  if (row_gemv_ && x.dim(0) == 1 && w.dtype == DType::kBF16 && w.dim(1) % 8 == 0) {
+  if (UseRowGemv(x, w)) {
     return cuda::RowGemvBf16(x.ptr<float>(), w.dim(1), w.data, w.dim(0), w.dim(0) / groups,
                              y.ptr<float>(), cur_stream());
   }
@@ -736,8 +741,10 @@ absl::Status CudaBackend::MoeExperts(const Tensor& u, const Tensor& idx, const T
   a.shared_gate_up = shared ? w.shared_gate_up.data : nullptr;
   a.shared_down = shared ? w.shared_down.data : nullptr;
   a.out = out.ptr<float>();
+  // (The fused kernels give the shared expert the routed intermediate size.)
   const bool fused = row_gemv_ && u.dim(0) == 1 && gate_up.dtype == DType::kBF16 &&
-                     (!shared || w.shared_gate_up.dtype == DType::kBF16) &&
+                     (!shared || (w.shared_gate_up.dtype == DType::kBF16 &&
+                                  w.shared_down.dim(1) == a.inter)) &&
                      cuda::MoeDecodeFits(a);
   // A piecewise replay skips the launches but must make the same model-scratch allocations as
   // its capture (the unfused shared expert allocates three): decide first, skip after.

@@ -144,6 +144,8 @@ class CudaBackend final : public Backend {
   absl::StatusOr<Tensor> Bump(Arena* arena, DType dtype, Shape shape);
   // An op's own temporary (the ops' arena).
   absl::StatusOr<Tensor> OpScratch(DType dtype, Shape shape) { return Bump(&op_arena_, dtype, shape); }
+  // Whether a 1-row product x · wᵀ goes to the single-token GEMV (kernels/cuda/gemv.h).
+  bool UseRowGemv(const Tensor& x, const Tensor& w) const;
   // The sorted grouped expert path (no shared expert).
   absl::Status RoutedExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,
                              const MoeWeights& w, float swiglu_limit, Tensor out);
