@@ -640,6 +640,20 @@ absl::Status Dsv4Model::AttentionBlock(int64_t l, const Tensor& x, Tensor out) {
     RETURN_IF_ERROR(be.Mark(StepMark::kSideEnd));
   }
 
+  // The single K=V latent reads x only: side work too where the side stream has room (sliding and
+  // HCA layers; a CSA layer's side stream also carries the indexer's inputs, so there it stays
+  // on the main stream after the query).
+  ASSIGN_OR_RETURN(Tensor kv, be.Scratch(DType::kF32, Shape{T, hd}));
+  auto latent = [&]() -> absl::Status {
+    RETURN_IF_ERROR(be.Linear(x, lw.kv_proj, kv));
+    return be.RmsNormRope(kv.View(Shape{T, 1, hd}), lw.kv_norm, norm, rope);
+  };
+  if (!csa) {
+    RETURN_IF_ERROR(be.Mark(StepMark::kSideBegin));
+    RETURN_IF_ERROR(latent());
+    RETURN_IF_ERROR(be.Mark(StepMark::kSideEnd));
+  }
+
   // Query: LoRA down, q_a_norm (cq is shared with the indexer), up, per-head unweighted norm, RoPE.
   ASSIGN_OR_RETURN(Tensor cq, be.Scratch(DType::kF32, Shape{T, c.q_lora_rank}));
   RETURN_IF_ERROR(be.Linear(x, lw.q_a_proj, cq));
@@ -659,10 +673,7 @@ absl::Status Dsv4Model::AttentionBlock(int64_t l, const Tensor& x, Tensor out) {
   ASSIGN_OR_RETURN(Tensor q, be.Scratch(DType::kF32, Shape{T, H, hd}));
   RETURN_IF_ERROR(be.Linear(cq, lw.q_b_proj, q.View(Shape{T, H * hd})));
   RETURN_IF_ERROR(be.RmsNormRope(q, Tensor{}, norm, rope));
-  // The single K=V latent.
-  ASSIGN_OR_RETURN(Tensor kv, be.Scratch(DType::kF32, Shape{T, hd}));
-  RETURN_IF_ERROR(be.Linear(x, lw.kv_proj, kv));
-  RETURN_IF_ERROR(be.RmsNormRope(kv.View(Shape{T, 1, hd}), lw.kv_norm, norm, rope));
+  if (csa) RETURN_IF_ERROR(latent());
 
   Tensor selected;
   if (csa) {
@@ -685,7 +696,12 @@ absl::Status Dsv4Model::AttentionBlock(int64_t l, const Tensor& x, Tensor out) {
   ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   ASSIGN_OR_RETURN(Tensor o, be.Scratch(DType::kF32, Shape{T, H, hd}));
   RETURN_IF_ERROR(be.Attention(ap, q, kv, cache.ring, cache.entries, selected, lw.sinks, o));
+  // The ring write (after the attention that read the ring) is side work as well, off the output
+  // projections' path; joined before the block returns, so nothing crosses into the next
+  // capture segment.
+  RETURN_IF_ERROR(be.Mark(StepMark::kSideBegin));
   RETURN_IF_ERROR(be.RingWrite(kv, cache.ring));
+  RETURN_IF_ERROR(be.Mark(StepMark::kSideEnd));
 
   // Inverse RoPE on every head, then the grouped output projection.
   RopeParams inverse = rope;
@@ -693,7 +709,8 @@ absl::Status Dsv4Model::AttentionBlock(int64_t l, const Tensor& x, Tensor out) {
   RETURN_IF_ERROR(be.Rope(o, inverse));
   ASSIGN_OR_RETURN(Tensor grouped, be.Scratch(DType::kF32, Shape{T, c.o_groups * c.o_lora_rank}));
   RETURN_IF_ERROR(be.GroupedLinear(o.View(Shape{T, H * hd}), lw.o_a_proj, c.o_groups, grouped));
-  return be.Linear(grouped, lw.o_b_proj, out);
+  RETURN_IF_ERROR(be.Linear(grouped, lw.o_b_proj, out));
+  return be.Mark(StepMark::kSideJoin);
 }
 
 absl::Status Dsv4Model::MoeBlock(int64_t l, const Tensor& u, Tensor out) {
