@@ -24,7 +24,8 @@ absl::StatusOr<Precision> ParsePrecision(std::string_view s);
 const char* PrecisionName(Precision p);
 
 // Graph switches of the CUDA worker (docs/cuda-graphs.md); the environment can turn each on too:
-// DSV4_ENFORCE_EAGER=1, DSV4_PIECEWISE_EAGER_REGION=wide, DSV4_DEBUG_INDEXER_SHORTCUT_IN_CAPTURE=1.
+// DSV4_ENFORCE_EAGER=0|1, DSV4_PIECEWISE_EAGER_REGION=narrow|wide,
+// DSV4_DEBUG_INDEXER_SHORTCUT_IN_CAPTURE=0|1 (any other value: creating the worker fails, naming it).
 struct CudaGraphOptions {
   bool enforce_eager = false;        // kill switch: every step eager, whatever the plan says
   bool wide_eager_region = false;    // piecewise: each layer's whole attention block eager

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "common/env.h"
 #include "common/status.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/compressor.h"
@@ -73,13 +74,15 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   ASSIGN_OR_RETURN(b->meta_copied_, CudaEvent::Create(cudaEventDisableTiming));
   ASSIGN_OR_RETURN(b->gemm_, cuda::Gemm::Create());
   ASSIGN_OR_RETURN(b->side_gemm_, cuda::Gemm::Create());
-  if (const char* v = std::getenv("DSV4_PROFILE_OPS"); v != nullptr && std::string_view(v) == "1") {
+  ASSIGN_OR_RETURN(const bool profile, EnvBool("DSV4_PROFILE_OPS", false));
+  if (profile) {
     ASSIGN_OR_RETURN(b->profile_, OpProfile::Create());
   }
   // DSV4_ROW_GEMV=0: single-token products take the general paths (the benchmark's baseline).
-  if (const char* v = std::getenv("DSV4_ROW_GEMV"); v != nullptr && std::string_view(v) == "0") {
-    b->row_gemv_ = false;
-  }
+  ASSIGN_OR_RETURN(b->row_gemv_, EnvBool("DSV4_ROW_GEMV", true));
+  // DSV4_PDL=0: no programmatic dependent launch (read by the launchers; checked here so that a
+  // bad value is an error, not a silent "on").
+  RETURN_IF_ERROR(EnvBool("DSV4_PDL", true).status());
   return b;
 }
 

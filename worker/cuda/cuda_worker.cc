@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "common/env.h"
 #include "common/status.h"
 #include "kernels/cuda/sampling.h"
 
@@ -36,11 +37,6 @@ class Packer {
 // Masked ids (min-tokens) a FULL graph's buffer holds; more runs the step eagerly.
 constexpr int64_t kGraphMaskIds = 4096;
 
-bool EnvFlag(const char* name, std::string_view on = "1") {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::string_view(v) == on;
-}
-
 double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -63,9 +59,12 @@ absl::StatusOr<std::unique_ptr<CudaWorker>> CudaWorker::Create(std::unique_ptr<D
   std::unique_ptr<CudaWorker> w(new CudaWorker());
   w->backend_ = backend;
   w->model_ = std::move(model);
-  graphs.enforce_eager |= EnvFlag("DSV4_ENFORCE_EAGER");
-  graphs.wide_eager_region |= EnvFlag("DSV4_PIECEWISE_EAGER_REGION", "wide");
-  graphs.shortcut_in_capture |= EnvFlag("DSV4_DEBUG_INDEXER_SHORTCUT_IN_CAPTURE");
+  ASSIGN_OR_RETURN(const bool enforce_eager, EnvBool("DSV4_ENFORCE_EAGER", false));
+  ASSIGN_OR_RETURN(const int region, EnvChoice("DSV4_PIECEWISE_EAGER_REGION", {"narrow", "wide"}, 0));
+  ASSIGN_OR_RETURN(const bool shortcut, EnvBool("DSV4_DEBUG_INDEXER_SHORTCUT_IN_CAPTURE", false));
+  graphs.enforce_eager |= enforce_eager;
+  graphs.wide_eager_region |= region == 1;
+  graphs.shortcut_in_capture |= shortcut;
   w->options_ = graphs;
   backend->set_shortcut_in_capture(graphs.shortcut_in_capture);
   return w;
