@@ -86,16 +86,18 @@ Tensor Rand(Backend* be, Shape shape, uint64_t seed, float a, WeightUse use = We
   return *t;
 }
 
+// A projection weight [n, k] by name.
+struct G {
+  const char* name;
+  int64_t n, k;
+};
+
 // Every single-token product of a DSV4-Flash decode step at batch 1, on `be`; rows tagged `path`.
 void DecodeRows(Ctx& c, const char* path, double wb) {
   Backend& be = *c.be;
   StepMeta meta;
   Meta(c.be, &meta, 1, 0, 1, 128);
   const std::string tag = std::string(" [") + path + "]";
-  struct G {
-    const char* name;
-    int64_t n, k;
-  };
   for (const G& g : std::vector<G>{{"q_a_proj", 1024, 4096},
                                    {"q_b_proj", 32768, 1024},
                                    {"kv_proj", 512, 4096},
@@ -193,10 +195,6 @@ int Main(int argc, char** argv) {
   if (decode_only) return 0;
 
   // GEMMs of a decode/prefill step (weights dominate the bytes).
-  struct G {
-    const char* name;
-    int64_t n, k;
-  };
   for (const G& g : std::vector<G>{{"q_a_proj", 1024, 4096},
                                    {"q_b_proj", 32768, 1024},
                                    {"kv_proj", 512, 4096},
