@@ -333,7 +333,7 @@ int Main(int argc, char** argv) {
         for (int32_t e : ids) distinct += seen[e] ? 0 : (seen[e] = 1);
       }
       Tensor u = *be.Scratch(DType::kF32, Shape{T, 4096}), out = *be.Scratch(DType::kF32, Shape{T, 4096});
-      const MoeWeights mw{gate_up, down, Tensor{}, Tensor{}};
+      const MoeWeights mw{gate_up, down, Tensor{}, Tensor{}, Tensor{}};
       t = Time(c, [&] { return be.MoeExperts(u, idx, wts, mw, 10.0f, out); }, out);
       Row(c, "moe_experts", sh + " distinct=" + std::to_string(distinct), t,
           distinct * 3.0 * 4096 * 2048 * wb, 6.0 * T * 6 * 4096 * 2048, prec == Precision::kBF16);

@@ -4,6 +4,7 @@
 
 #include "kernels/common/cuda_check.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/norm_rope.h"
 
 namespace dsv4::cuda {
 namespace {
@@ -213,10 +214,11 @@ int64_t SplitLen(const AttentionDims& s, int splits) {
   return (per + kChunk - 1) / kChunk * kChunk;
 }
 
-// Merges the splits of (token, head) = (blockIdx.x, blockIdx.y) with the sink.
-__global__ void CombineKernel(int64_t heads, int64_t dim, int splits, const float* part,
-                              const float* sinks, float* out) {
-  const int64_t t = blockIdx.x, h = blockIdx.y;
+// Merges the splits of (token, head) = (blockIdx.x, blockIdx.y) with the sink; the trailing
+// s.out_rope_dims channels leave rotated (RopeRotate at the token's position, pairs per thread).
+__global__ void CombineKernel(AttentionDims s, const int32_t* positions, int splits,
+                              const float* part, const float* sinks, float* out) {
+  const int64_t t = blockIdx.x, h = blockIdx.y, heads = s.heads, dim = s.dim;
   const float* pp = part + (t * heads + h) * splits * (dim + 2);
   const float sink = sinks[h];
   float m = sink;
@@ -226,14 +228,39 @@ __global__ void CombineKernel(int64_t heads, int64_t dim, int splits, const floa
     const float mz = pp[z * (dim + 2) + dim];
     if (mz > -INFINITY) denom += pp[z * (dim + 2) + dim + 1] * expf(mz - m);
   }
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+  auto value = [&](int64_t i) {
     float acc = 0.0f;
     for (int z = 0; z < splits; ++z) {
       const float mz = pp[z * (dim + 2) + dim];
       if (mz > -INFINITY) acc += pp[z * (dim + 2) + i] * expf(mz - m);
     }
-    out[(t * heads + h) * dim + i] = acc / denom;
+    return acc / denom;
+  };
+  float* o = out + (t * heads + h) * dim;
+  const int64_t first = dim - s.out_rope_dims;
+  for (int64_t i = threadIdx.x; i < first; i += blockDim.x) o[i] = value(i);
+  if (s.out_rope_dims == 0) return;
+  const float pos = static_cast<float>(positions[t]);
+  for (int64_t p = threadIdx.x; p < s.out_rope_dims / 2; p += blockDim.x) {
+    const float2 y = RopeRotate(value(first + 2 * p), value(first + 2 * p + 1), pos,
+                                s.out_rope_freq[p], s.out_rope_inverse);
+    o[first + 2 * p] = y.x;
+    o[first + 2 * p + 1] = y.y;
   }
+}
+
+// After the main kernel: the combine of the splits (with the output RoPE), or the RoPE alone.
+absl::Status Finish(const AttentionDims& s, const RaggedBatchView& b, int splits,
+                    const float* workspace, const float* sinks, float* out, cudaStream_t stream) {
+  if (splits > 1) {
+    CombineKernel<<<dim3(static_cast<unsigned>(b.num_tokens), static_cast<unsigned>(s.heads)), 128,
+                    0, stream>>>(s, b.positions, splits, workspace, sinks, out);
+    CUDA_RETURN_IF_LAUNCH_ERROR();
+    return absl::OkStatus();
+  }
+  if (s.out_rope_dims == 0) return absl::OkStatus();
+  return Rope(out, b.num_tokens, s.heads, s.dim, s.out_rope_dims, s.out_rope_freq, b.positions,
+              s.out_rope_inverse, stream);
 }
 
 template <int kHeads, int kDim>
@@ -253,12 +280,7 @@ absl::Status Launch(const AttentionDims& s, const RaggedBatchView& b, const floa
   kernel<<<grid, kThreads, smem, stream>>>(s, b, q, kv, ring, entries, selected, sinks, out,
                                            split_len, splits > 1 ? workspace : nullptr);
   CUDA_RETURN_IF_LAUNCH_ERROR();
-  if (splits > 1) {
-    CombineKernel<<<dim3(static_cast<unsigned>(b.num_tokens), static_cast<unsigned>(s.heads)), 128, 0,
-                    stream>>>(s.heads, kDim, splits, workspace, sinks, out);
-    CUDA_RETURN_IF_LAUNCH_ERROR();
-  }
-  return absl::OkStatus();
+  return Finish(s, b, splits, workspace, sinks, out, stream);
 }
 
 // ---- Tensor-core path (bf16 precision) ----------------------------------------------------------
@@ -727,12 +749,7 @@ absl::Status LaunchTc(const AttentionDims& s, const RaggedBatchView& b, const fl
   kernel<<<grid, kTcThreads, smem, stream>>>(s, b, q, kv, ring, entries, selected, sinks, out,
                                              split_len, splits > 1 ? workspace : nullptr);
   CUDA_RETURN_IF_LAUNCH_ERROR();
-  if (splits > 1) {
-    CombineKernel<<<dim3(static_cast<unsigned>(b.num_tokens), static_cast<unsigned>(s.heads)), 128,
-                    0, stream>>>(s.heads, kDim, splits, workspace, sinks, out);
-    CUDA_RETURN_IF_LAUNCH_ERROR();
-  }
-  return absl::OkStatus();
+  return Finish(s, b, splits, workspace, sinks, out, stream);
 }
 
 }  // namespace

@@ -22,6 +22,12 @@ struct AttentionDims : ::dsv4::AttentionShape {
   // heads % 16 == 0 and dim is 128, 256 or 512; other shapes (and fp32 precision) use the exact
   // fp32 kernel. See AttentionUsesTensorCores.
   bool bf16_tensor_cores = false;
+  // RoPE of the output's trailing out_rope_dims channels at each token's position (the model's
+  // inverse RoPE; 0: none): applied by the split-KV combine as it writes, or by the RoPE kernel
+  // after a single-split launch. Bit-identical to cuda::Rope on the output.
+  int64_t out_rope_dims = 0;
+  const float* out_rope_freq = nullptr;
+  bool out_rope_inverse = false;
 };
 
 // Whether Attention() runs the bf16 tensor-core kernel for these dims.

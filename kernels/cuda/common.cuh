@@ -62,6 +62,39 @@ __device__ __forceinline__ double BlockSumD(double v, double* scratch) {
   return r;
 }
 
+// RMSNorm of a row held one float4 per thread (a block of ceil(dim / 4) threads rounded up to a
+// warp; threads past the row hold zeros and get a meaningless result): the sum of squares in
+// double (as the CPU reference), one BlockSumD tree, then w · (x · inv). Every block-per-row
+// normalisation uses it, so a fused kernel rounds exactly as the RMSNorm kernel. All threads of
+// the block must call it.
+__device__ __forceinline__ float4 RmsNormalize4(float4 a, const float4& w, bool weighted, int dim,
+                                                float eps, double* scratch) {
+  double s = static_cast<double>(a.x) * a.x;
+  s += static_cast<double>(a.y) * a.y;
+  s += static_cast<double>(a.z) * a.z;
+  s += static_cast<double>(a.w) * a.w;
+  s = BlockSumD(s, scratch);
+  const float mean = static_cast<float>(s / static_cast<double>(dim));
+  const float inv = 1.0f / sqrtf(mean + eps);
+  if (weighted) return make_float4(w.x * (a.x * inv), w.y * (a.y * inv), w.z * (a.z * inv),
+                                   w.w * (a.w * inv));
+  return make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
+}
+
+// One interleaved RoPE pair (x0, x1) rotated by pos · freq (by its negative when `inverse`), the
+// angle's sine and cosine in double as the CPU reference: every rotation (RoPE kernels, the fused
+// norm + RoPE, the attention combine's inverse RoPE) rounds the same way.
+__device__ __forceinline__ float2 RopeRotate(float x0, float x1, float pos, float freq,
+                                             bool inverse) {
+  const float angle = pos * freq;
+  double sd, cd;
+  sincos(static_cast<double>(angle), &sd, &cd);
+  const float c = static_cast<float>(cd);
+  float s = static_cast<float>(sd);
+  if (inverse) s = -s;
+  return make_float2(x0 * c - x1 * s, x1 * c + x0 * s);
+}
+
 __device__ __forceinline__ float BlockMax(float v, float* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   v = WarpMax(v);

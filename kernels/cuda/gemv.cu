@@ -189,7 +189,7 @@ struct DownOp {
     for (int r = 0; r < kMoeDecodeMaxSlots; ++r) {
       const __nv_bfloat16* base = SlotWeights(a, r, a.down, a.shared_down, a.dim * a.inter);
       wr[r] = base != nullptr ? base + d * a.inter : nullptr;
-      xr[r] = a.h + r * a.inter;
+      xr[r] = r == a.top_k && a.shared_h != nullptr ? a.shared_h : a.h + r * a.inter;
     }
   }
   __device__ __forceinline__ void Finish(int64_t d, const float (&acc)[kMoeDecodeMaxSlots]) const {
@@ -224,7 +224,7 @@ bool MoeDecodeFits(const MoeDecodeArgs& a) {
   return a.dim > 0 && a.inter > 0 && a.dim % 8 == 0 && a.inter % 8 == 0 && a.top_k >= 1 &&
          slots <= kMoeDecodeMaxSlots && a.experts >= 1 && Aligned16(a.u) &&
          Aligned16(a.gate_up) && Aligned16(a.down) && Aligned16(a.h) &&
-         Aligned16(a.shared_gate_up) && Aligned16(a.shared_down) &&
+         Aligned16(a.shared_gate_up) && Aligned16(a.shared_down) && Aligned16(a.shared_h) &&
          (a.shared_gate_up == nullptr) == (a.shared_down == nullptr);
 }
 
@@ -234,13 +234,33 @@ absl::Status MoeDecodeBf16(const MoeDecodeArgs& a, cudaStream_t stream) {
         "MoeDecodeBf16: needs D and I multiples of 8, at most 8 slots (top_k + shared), 16-byte "
         "aligned operands and both or neither shared weights");
   }
-  const int64_t slots = a.top_k + (a.shared_gate_up != nullptr ? 1 : 0);
+  // The shared expert's gate/up slot unless its SwiGLU came ahead (shared_h).
+  const int64_t slots =
+      a.top_k + (a.shared_gate_up != nullptr && a.shared_h == nullptr ? 1 : 0);
   // The routed rows come from idx (the router's output): both kernels read them after the wait.
   if (absl::Status st = LaunchStream<2, 2, true, false>(GateUpOp{a}, slots * a.inter, a.dim, stream);
       !st.ok()) {
     return st;
   }
   return LaunchStream<kMoeDecodeMaxSlots, 1, false, false>(DownOp{a}, a.dim, a.inter, stream);
+}
+
+bool SharedExpertUpFits(const MoeDecodeArgs& a) {
+  return a.dim > 0 && a.inter > 0 && a.dim % 8 == 0 && a.shared_gate_up != nullptr &&
+         Aligned16(a.u) && Aligned16(a.shared_gate_up) && Aligned16(a.h);
+}
+
+absl::Status SharedExpertUpBf16(const MoeDecodeArgs& a, cudaStream_t stream) {
+  if (!SharedExpertUpFits(a)) {
+    return absl::InvalidArgumentError(
+        "SharedExpertUpBf16: needs D a multiple of 8, a shared expert and 16-byte aligned u, h");
+  }
+  // GateUpOp with no routed slot: slot 0 is the shared expert. Its rows are plain weights, so
+  // they are loaded before the PDL wait.
+  MoeDecodeArgs s = a;
+  s.top_k = 0;
+  s.idx = nullptr;
+  return LaunchStream<2, 2, true, true>(GateUpOp{s}, a.inter, a.dim, stream);
 }
 
 }  // namespace dsv4::cuda

@@ -38,6 +38,9 @@ struct MoeDecodeArgs {
   const void* down = nullptr;
   const void* shared_gate_up = nullptr;  // null: no shared expert
   const void* shared_down = nullptr;
+  // The shared expert's SwiGLU computed ahead (SharedExpertUpBf16) [I], or null: then the
+  // gate/up kernel covers the routed slots only and the down kernel reads it.
+  const float* shared_h = nullptr;
   float* h = nullptr;
   float* out = nullptr;
 };
@@ -45,5 +48,9 @@ constexpr int kMoeDecodeMaxSlots = 8;
 // Whether MoeDecodeBf16 takes these arguments (sizes, alignment, slots).
 bool MoeDecodeFits(const MoeDecodeArgs& a);
 absl::Status MoeDecodeBf16(const MoeDecodeArgs& a, cudaStream_t stream);
+// h[I] = SwiGLU(shared_gate_up · u) for one token (the shared expert's first half, as the fused
+// kernel computes it): a.u, a.dim, a.inter, a.swiglu_limit, a.shared_gate_up, a.h.
+bool SharedExpertUpFits(const MoeDecodeArgs& a);
+absl::Status SharedExpertUpBf16(const MoeDecodeArgs& a, cudaStream_t stream);
 
 }  // namespace dsv4::cuda

@@ -30,6 +30,35 @@ __device__ __forceinline__ float Dot4(float4 a, float4 b) {
   return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, a.x * b.x)));
 }
 
+// out[t, k] (4 columns) = post_k · f + Σ_j comb[j, k] · x[j]: one output stream of HcPost from
+// the n input streams' float4 x[j] at the same columns. Shared by HcPostVecKernel and the fused
+// HcPost + mix (MixKernel with kPostN), so both round identically.
+template <int kN>
+__device__ __forceinline__ float4 PostCombine(float pk, float4 ft, const float4 (&x)[kN],
+                                              const float* c, int k) {
+  float4 acc = make_float4(pk * ft.x, pk * ft.y, pk * ft.z, pk * ft.w);
+#pragma unroll
+  for (int j = 0; j < kN; ++j) {
+    const float cjk = c[j * kN + k];
+    acc.x += cjk * x[j].x;
+    acc.y += cjk * x[j].y;
+    acc.z += cjk * x[j].z;
+    acc.w += cjk * x[j].w;
+  }
+  return acc;
+}
+
+// HcPost's operands when the mix kernel computes its own input: the new streams
+// out[t] = HcPost(hs[t], f[t], post[t], comb[t]) (D = dim), written as they are mixed.
+struct PostArgs {
+  const float* hs = nullptr;
+  const float* f = nullptr;
+  const float* post = nullptr;
+  const float* comb = nullptr;
+  int64_t dim = 0;
+  float* out = nullptr;
+};
+
 // ---- the mix: partial sums [parts, T, rows + 1] ----
 //
 // parts[c, t, r] = Σ_{k in chunk c} flatten(hs)[t, k] · fn[r, k] for r < rows, and
@@ -81,10 +110,14 @@ __device__ __forceinline__ float WarpMultiSum(float (&v)[kV], int lane) {
 // kRows fn rows in registers (fn is read once per token group, from HBM once overall), streams
 // the tokens' hs (next token prefetched), reduces the warp with WarpMultiSum and the 4 warps
 // through double-buffered shared memory (one barrier per token) in warp order.
-template <int kRows>
+//
+// kPostN > 0 (n = kPostN streams): the previous HcPost is fused in. The block's flattened input
+// columns are computed from pa (PostCombine, one stream k / D per float4: D % 4 == 0, vec) and
+// stored to pa.out (each element exactly once over the grid) before they are mixed; hs is unused.
+template <int kRows, int kPostN>
 __global__ void __launch_bounds__(kMixThreads)
     MixKernel(const float* hs, int64_t tokens, int64_t nd, const float* fn, int64_t tpb, bool vec,
-              float* parts) {
+              PostArgs pa, float* parts) {
   constexpr int kVals = kRows + 1;
   constexpr int kV = Pow2Ceil(kVals);
   constexpr int kGroup = 32 / kV;
@@ -97,12 +130,31 @@ __global__ void __launch_bounds__(kMixThreads)
   for (int r = 0; r < kRows; ++r) w[r] = Load4(fn + r * nd, k, nd, vec);
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * tpb;
   const int64_t t1 = std::min(tokens, t0 + tpb);
+  auto fetch = [&](int64_t t) -> float4 {
+    if constexpr (kPostN == 0) {
+      return Load4(hs + t * nd, k, nd, vec);
+    } else {
+      if (k >= nd) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const int s = static_cast<int>(k / pa.dim);
+      const int64_t i = k % pa.dim;
+      float4 x[kPostN];
+#pragma unroll
+      for (int j = 0; j < kPostN; ++j) {
+        x[j] = *reinterpret_cast<const float4*>(pa.hs + (t * kPostN + j) * pa.dim + i);
+      }
+      const float4 ft = *reinterpret_cast<const float4*>(pa.f + t * pa.dim + i);
+      const float4 y = PostCombine<kPostN>(pa.post[t * kPostN + s], ft, x,
+                                           pa.comb + t * kPostN * kPostN, s);
+      *reinterpret_cast<float4*>(pa.out + t * nd + k) = y;
+      return y;
+    }
+  };
   float4 h = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  if (t0 < t1) h = Load4(hs + t0 * nd, k, nd, vec);
+  if (t0 < t1) h = fetch(t0);
   int buf = 0;
   for (int64_t t = t0; t < t1; ++t) {
     const float4 x = h;
-    if (t + 1 < t1) h = Load4(hs + (t + 1) * nd, k, nd, vec);
+    if (t + 1 < t1) h = fetch(t + 1);
     float v[kV];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) v[r] = Dot4(w[r], x);
@@ -220,8 +272,66 @@ __device__ __forceinline__ float SinkhornWarp(float c, int lane, int64_t iters, 
   return c;
 }
 
-// Grid (T, col_blocks [+ 1]). Every block sums the parts it needs for its token (fixed order:
-// lane-strided then a warp tree, identical in every block, so all blocks agree bit for bit) and
+// Value r of token t's mix, summed over the parts [nparts, tokens, vals] by one warp: lane-strided,
+// then a warp tree (a fixed order: every block and kernel that sums it gets the same bits).
+__device__ __forceinline__ float PartSum(const float* parts, int64_t nparts, int64_t tokens,
+                                         int64_t t, int vals, int r, int lane) {
+  float s = 0.0f;
+  for (int64_t p = lane; p < nparts; p += 32) s += parts[(p * tokens + t) * vals + r];
+  return WarpSum(s);
+}
+
+// post [n] and comb [n, n] of token t from its summed mix (vals, RMS scale inv), on one warp
+// (every lane of it calls this).
+template <int kN>
+__device__ __forceinline__ void PostAndComb(const float* vals, float inv, const float* base,
+                                            const float* scale, const HcDims& d, int64_t t,
+                                            int lane, float* post, float* comb) {
+  if (lane < kN) {
+    post[t * kN + lane] = 2.0f * Sigmoid(vals[kN + lane] * inv * scale[1] + base[kN + lane]);
+  }
+  constexpr int n2 = kN * kN;
+  if constexpr (n2 <= 32) {
+    float c = 0.0f;
+    if (lane < n2) c = vals[2 * kN + lane] * inv * scale[2] + base[2 * kN + lane];
+    c = SinkhornWarp<kN>(c, lane, d.sinkhorn_iters, d.hc_eps);
+    if (lane < n2) comb[t * n2 + lane] = c;
+  } else {
+    if (lane != 0) return;
+    float c[n2];
+#pragma unroll
+    for (int i = 0; i < n2; ++i) c[i] = vals[2 * kN + i] * inv * scale[2] + base[2 * kN + i];
+    SinkhornSerial<kN>(c, d.sinkhorn_iters, d.hc_eps);
+#pragma unroll
+    for (int i = 0; i < n2; ++i) comb[t * n2 + i] = c[i];
+  }
+}
+
+// The pre gates (HcPre: σ(mix scale + base) + eps; HcHead likewise with its own scale).
+template <int kN>
+__device__ __forceinline__ void PreGates(const float* vals, float inv, const float* base,
+                                         const float* scale, float eps, float (&pre)[kN]) {
+#pragma unroll
+  for (int j = 0; j < kN; ++j) pre[j] = Sigmoid(vals[j] * inv * scale[0] + base[j]) + eps;
+}
+
+// Σ_j pre[j] · f[j, i..i+3]: the streams collapsed with the gates at 4 columns.
+template <int kN>
+__device__ __forceinline__ float4 Collapse4(const float (&pre)[kN], const float* f, int64_t dim,
+                                            int64_t i) {
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+  for (int j = 0; j < kN; ++j) {
+    const float4 x = *reinterpret_cast<const float4*>(f + j * dim + i);
+    acc.x += pre[j] * x.x;
+    acc.y += pre[j] * x.y;
+    acc.z += pre[j] * x.z;
+    acc.w += pre[j] * x.w;
+  }
+  return acc;
+}
+
+// Grid (T, col_blocks [+ 1]). Every block sums the parts it needs for its token (PartSum) and
 // applies the RMS scale. Blocks y < col_blocks compute the pre gates and collapse 4·kFinThreads
 // columns; for HcPre, block y = col_blocks computes post and runs the Sinkhorn on one warp, in
 // parallel with the collapse. kPre: HcPre (rows (2+n)n, scale[3]); else HcHead (rows n, scale[1]).
@@ -241,55 +351,25 @@ __global__ void __launch_bounds__(kFinThreads)
   const int need = sink ? kVals : kN + 1;
   for (int q = warp; q < need; q += kFinThreads / 32) {
     const int r = sink || q < kN ? q : kRows;
-    float s = 0.0f;
-    for (int64_t p = lane; p < nparts; p += 32) s += mix_parts[(p * d.tokens + t) * kVals + r];
-    s = WarpSum(s);
+    const float s = PartSum(mix_parts, nparts, d.tokens, t, kVals, r, lane);
     if (lane == 0) vals[r] = s;
   }
   __syncthreads();
   const int64_t nd = kN * d.dim;
   const float inv = 1.0f / sqrtf(vals[kRows] / static_cast<float>(nd) + d.norm_eps);
   if (sink) {
-    if (warp != 0) return;
-    if (lane < kN) {
-      post[t * kN + lane] = 2.0f * Sigmoid(vals[kN + lane] * inv * scale[1] + base[kN + lane]);
-    }
-    constexpr int n2 = kN * kN;
-    if constexpr (n2 <= 32) {
-      float c = 0.0f;
-      if (lane < n2) c = vals[2 * kN + lane] * inv * scale[2] + base[2 * kN + lane];
-      c = SinkhornWarp<kN>(c, lane, d.sinkhorn_iters, d.hc_eps);
-      if (lane < n2) comb[t * n2 + lane] = c;
-    } else {
-      if (lane != 0) return;
-      float c[n2];
-#pragma unroll
-      for (int i = 0; i < n2; ++i) c[i] = vals[2 * kN + i] * inv * scale[2] + base[2 * kN + i];
-      SinkhornSerial<kN>(c, d.sinkhorn_iters, d.hc_eps);
-#pragma unroll
-      for (int i = 0; i < n2; ++i) comb[t * n2 + i] = c[i];
-    }
+    if (warp == 0) PostAndComb<kN>(vals, inv, base, scale, d, t, lane, post, comb);
     return;
   }
   float pre[kN];
-#pragma unroll
-  for (int j = 0; j < kN; ++j) pre[j] = Sigmoid(vals[j] * inv * scale[0] + base[j]) + d.hc_eps;
+  PreGates<kN>(vals, inv, base, scale, d.hc_eps, pre);
   // out[i] = Σ_j pre[j] · f[j, i], the streams collapsed with the gates, 4 columns per thread.
   const float* f = hs + t * nd;
   float* o = out + t * d.dim;
   const int64_t i = (static_cast<int64_t>(blockIdx.y) * kFinThreads + threadIdx.x) * 4;
   if (i >= d.dim) return;
   if (vec) {
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-    for (int j = 0; j < kN; ++j) {
-      const float4 x = *reinterpret_cast<const float4*>(f + j * d.dim + i);
-      acc.x += pre[j] * x.x;
-      acc.y += pre[j] * x.y;
-      acc.z += pre[j] * x.z;
-      acc.w += pre[j] * x.w;
-    }
-    *reinterpret_cast<float4*>(o + i) = acc;
+    *reinterpret_cast<float4*>(o + i) = Collapse4<kN>(pre, f, d.dim, i);
   } else {
     for (int64_t e = i; e < std::min<int64_t>(i + 4, d.dim); ++e) {
       float acc = 0;
@@ -297,6 +377,48 @@ __global__ void __launch_bounds__(kFinThreads)
       for (int j = 0; j < kN; ++j) acc += pre[j] * f[j * d.dim + e];
       o[e] = acc;
     }
+  }
+}
+
+// HcFinalKernel and the RMSNorm that follows it, one block per token: thread i collapses float4
+// i of the row (Collapse4), the block sums its squares in double exactly as RmsNormRegKernel
+// (same block shape, same BlockSumD tree) and writes the normalised row; for HcPre warp 0 then
+// computes post and comb. Bit-identical to HcPre / HcHead followed by RmsNorm. Needs
+// D % 4 == 0, D <= 4096 and 16-byte aligned hs, normed, norm_w (HcNormFits).
+template <int kN, bool kPre>
+__global__ void __launch_bounds__(1024)
+    HcFinalNormKernel(HcDims d, const float* hs, const float* mix_parts, int64_t nparts,
+                      const float* base, const float* scale, const float* norm_w, float rms_eps,
+                      float* normed, float* post, float* comb) {
+  constexpr int kRows = kPre ? (2 + kN) * kN : kN;
+  constexpr int kVals = kRows + 1;
+  __shared__ float vals[kVals];
+  __shared__ double scratch[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warps = blockDim.x >> 5;
+  const int64_t t = blockIdx.x;
+  for (int q = warp; q < kVals; q += warps) {
+    const float s = PartSum(mix_parts, nparts, d.tokens, t, kVals, q, lane);
+    if (lane == 0) vals[q] = s;
+  }
+  __syncthreads();
+  const int64_t nd = kN * d.dim;
+  const float inv = 1.0f / sqrtf(vals[kRows] / static_cast<float>(nd) + d.norm_eps);
+  float pre[kN];
+  PreGates<kN>(vals, inv, base, scale, d.hc_eps, pre);
+  const int i = threadIdx.x;
+  const int n4 = static_cast<int>(d.dim >> 2);
+  float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+  float4 wv = make_float4(1.f, 1.f, 1.f, 1.f);
+  if (i < n4) {
+    a = Collapse4<kN>(pre, hs + t * nd, d.dim, int64_t{i} * 4);
+    if (norm_w != nullptr) wv = reinterpret_cast<const float4*>(norm_w)[i];
+  }
+  const float4 o = RmsNormalize4(a, wv, norm_w != nullptr, static_cast<int>(d.dim), rms_eps,
+                                 scratch);
+  if (i < n4) reinterpret_cast<float4*>(normed + t * d.dim)[i] = o;
+  if constexpr (kPre) {
+    if (warp == 0) PostAndComb<kN>(vals, inv, base, scale, d, t, lane, post, comb);
   }
 }
 
@@ -318,17 +440,7 @@ __global__ void __launch_bounds__(kFinThreads)
   float* o = out + t * kN * dim;
 #pragma unroll
   for (int k = 0; k < kN; ++k) {
-    const float pk = post[t * kN + k];
-    float4 acc = make_float4(pk * ft.x, pk * ft.y, pk * ft.z, pk * ft.w);
-#pragma unroll
-    for (int j = 0; j < kN; ++j) {
-      const float cjk = c[j * kN + k];
-      acc.x += cjk * x[j].x;
-      acc.y += cjk * x[j].y;
-      acc.z += cjk * x[j].z;
-      acc.w += cjk * x[j].w;
-    }
-    *reinterpret_cast<float4*>(o + k * dim + i) = acc;
+    *reinterpret_cast<float4*>(o + k * dim + i) = PostCombine<kN>(post[t * kN + k], ft, x, c, k);
   }
 }
 
@@ -383,31 +495,122 @@ int64_t HcMixParts(int64_t tokens, int64_t nd) {
   return std::max<int64_t>((nd + kMixChunk - 1) / kMixChunk, 1);
 }
 
+namespace {
+
+// MixKernel<kRows, kPostN> over (chunks, token groups). Tokens per block: one while that leaves
+// fewer than ~512 blocks (decode: every block streams only its fn chunk), more for longer
+// batches so the fn chunk (48 KB per block) is not re-read from L2 for every token or two; at
+// most 64 tokens so the serial token loop stays short. Depends on the shape only (graph capture).
+template <int kRows, int kPostN>
+void LaunchMix(const float* hs, int64_t tokens, int64_t nd, const float* fn, bool vec,
+               const PostArgs& pa, float* parts, cudaStream_t stream) {
+  const int64_t chunks = HcMixParts(tokens, nd);
+  const int64_t tpb = std::clamp<int64_t>(tokens * chunks / 512, 1, 64);
+  const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>((tokens + tpb - 1) / tpb));
+  MixKernel<kRows, kPostN><<<grid, kMixThreads, 0, stream>>>(hs, tokens, nd, fn, tpb, vec, pa,
+                                                             parts);
+}
+
+}  // namespace
+
 absl::Status HcMix(const float* hs, int64_t tokens, int64_t nd, const float* fn, int64_t rows,
                    float* parts, cudaStream_t stream) {
   if (tokens == 0) return absl::OkStatus();
   if (rows < 1 || rows > kMaxMix) return absl::InvalidArgumentError("HcMix: bad row count");
-  const int64_t chunks = HcMixParts(tokens, nd);
-  if (rows == 24 || rows == 4) {
-    // Tokens per block: one while that leaves fewer than ~512 blocks (decode: every block streams
-    // only its fn chunk), more for longer batches so the fn chunk (48 KB per block) is not re-read
-    // from L2 for every token or two; at most 64 tokens so the serial token loop stays short.
-    // Depends on the shape only (graph capture).
-    const int64_t tpb = std::clamp<int64_t>(tokens * chunks / 512, 1, 64);
-    const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>((tokens + tpb - 1) / tpb));
-    const bool vec = nd % 4 == 0 && Aligned16(hs) && Aligned16(fn);
-    if (rows == 24) {
-      MixKernel<24><<<grid, kMixThreads, 0, stream>>>(hs, tokens, nd, fn, tpb, vec, parts);
-    } else {
-      MixKernel<4><<<grid, kMixThreads, 0, stream>>>(hs, tokens, nd, fn, tpb, vec, parts);
-    }
+  const bool vec = nd % 4 == 0 && Aligned16(hs) && Aligned16(fn);
+  if (rows == 24) {
+    LaunchMix<24, 0>(hs, tokens, nd, fn, vec, PostArgs{}, parts, stream);
+  } else if (rows == 4) {
+    LaunchMix<4, 0>(hs, tokens, nd, fn, vec, PostArgs{}, parts, stream);
   } else {
+    const int64_t chunks = HcMixParts(tokens, nd);
     const int64_t warps = (rows + 1) * chunks;
     MixGenericKernel<<<static_cast<unsigned>((warps * 32 + kThreads - 1) / kThreads), kThreads, 0,
                        stream>>>(hs, tokens, nd, fn, static_cast<int>(rows), parts);
   }
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
+}
+
+bool HcPostMixFits(const HcDims& d, int64_t rows, const float* hs, const float* f,
+                   const float* out, const float* fn) {
+  return d.n == 4 && rows == 24 && d.dim % 4 == 0 && Aligned16(hs) && Aligned16(f) &&
+         Aligned16(out) && Aligned16(fn);
+}
+
+absl::Status HcPostMix(const HcDims& d, const float* hs, const float* f, const float* post,
+                       const float* comb, float* out, const float* fn, int64_t rows, float* parts,
+                       cudaStream_t stream) {
+  if (!HcPostMixFits(d, rows, hs, f, out, fn)) {
+    return absl::InvalidArgumentError(
+        "HcPostMix: needs hc_mult 4, 24 mix rows, D % 4 == 0 and 16-byte aligned operands");
+  }
+  if (d.tokens == 0) return absl::OkStatus();
+  PostArgs pa;
+  pa.hs = hs;
+  pa.f = f;
+  pa.post = post;
+  pa.comb = comb;
+  pa.dim = d.dim;
+  pa.out = out;
+  LaunchMix<24, 4>(out, d.tokens, d.n * d.dim, fn, /*vec=*/true, pa, parts, stream);
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+bool HcNormFits(const HcDims& d, const float* hs, const float* normed, const float* norm_w) {
+  return d.n >= 1 && d.n <= kMaxN && d.dim % 4 == 0 && d.dim <= 4096 && Aligned16(hs) &&
+         Aligned16(normed) && Aligned16(norm_w);
+}
+
+namespace {
+
+template <bool kPre>
+absl::Status LaunchFinalNorm(const HcDims& d, const float* hs, const float* mix_parts,
+                             int64_t parts, const float* base, const float* scale,
+                             const float* norm_w, float rms_eps, float* normed, float* post,
+                             float* comb, cudaStream_t stream) {
+  if (!HcNormFits(d, hs, normed, norm_w)) {
+    return absl::InvalidArgumentError(
+        "HcPreNorm/HcHeadNorm: needs hc_mult in [1, 8], D % 4 == 0, D <= 4096 and 16-byte "
+        "aligned hs, output and norm weight");
+  }
+  if (d.tokens == 0) return absl::OkStatus();
+  const int threads = static_cast<int>(((d.dim / 4) + 31) / 32 * 32);
+  switch (d.n) {
+#define DSV4_HC_FINAL_NORM(N)                                                            \
+  case N:                                                                                \
+    HcFinalNormKernel<N, kPre><<<static_cast<unsigned>(d.tokens), threads, 0, stream>>>( \
+        d, hs, mix_parts, parts, base, scale, norm_w, rms_eps, normed, post, comb);     \
+    break;
+    DSV4_HC_FINAL_NORM(1)
+    DSV4_HC_FINAL_NORM(2)
+    DSV4_HC_FINAL_NORM(3)
+    DSV4_HC_FINAL_NORM(4)
+    DSV4_HC_FINAL_NORM(5)
+    DSV4_HC_FINAL_NORM(6)
+    DSV4_HC_FINAL_NORM(7)
+    DSV4_HC_FINAL_NORM(8)
+#undef DSV4_HC_FINAL_NORM
+  }
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status HcPreNorm(const HcDims& d, const float* hs, const float* mix_parts, int64_t parts,
+                       const float* base, const float* scale, const float* norm_w, float rms_eps,
+                       float* normed, float* post, float* comb, cudaStream_t stream) {
+  return LaunchFinalNorm<true>(d, hs, mix_parts, parts, base, scale, norm_w, rms_eps, normed,
+                               post, comb, stream);
+}
+
+absl::Status HcHeadNorm(const HcDims& d, const float* hs, const float* mix_parts, int64_t parts,
+                        const float* base, const float* scale, const float* norm_w,
+                        float rms_eps, float* y, cudaStream_t stream) {
+  return LaunchFinalNorm<false>(d, hs, mix_parts, parts, base, scale, norm_w, rms_eps, y,
+                                nullptr, nullptr, stream);
 }
 
 absl::Status HcPre(const HcDims& d, const float* hs, const float* mix_parts, int64_t parts,

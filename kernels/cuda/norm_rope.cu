@@ -41,28 +41,8 @@ __global__ void __launch_bounds__(1024) RmsNormRegKernel(const float* x, const f
     a = xr[i];
     if (w != nullptr) wv = reinterpret_cast<const float4*>(w)[i];
   }
-  double s = static_cast<double>(a.x) * a.x;
-  s += static_cast<double>(a.y) * a.y;
-  s += static_cast<double>(a.z) * a.z;
-  s += static_cast<double>(a.w) * a.w;
-  s = BlockSumD(s, scratch);
-  const float mean = static_cast<float>(s / static_cast<double>(dim));
-  const float inv = 1.0f / sqrtf(mean + eps);
-  if (i < n4) {
-    float4 o;
-    if (w != nullptr) {
-      o.x = wv.x * (a.x * inv);
-      o.y = wv.y * (a.y * inv);
-      o.z = wv.z * (a.z * inv);
-      o.w = wv.w * (a.w * inv);
-    } else {
-      o.x = a.x * inv;
-      o.y = a.y * inv;
-      o.z = a.z * inv;
-      o.w = a.w * inv;
-    }
-    reinterpret_cast<float4*>(y + row * dim)[i] = o;
-  }
+  const float4 o = RmsNormalize4(a, wv, w != nullptr, dim, eps, scratch);
+  if (i < n4) reinterpret_cast<float4*>(y + row * dim)[i] = o;
 }
 
 __global__ void RopeKernel(float* x, int64_t heads, int64_t dim, int64_t rope_dims,
@@ -73,15 +53,9 @@ __global__ void RopeKernel(float* x, int64_t heads, int64_t dim, int64_t rope_di
   float* r = x + row * dim + (dim - rope_dims);
   const float pos = static_cast<float>(positions[t]);
   for (int64_t p = threadIdx.x; p < rope_dims / 2; p += blockDim.x) {
-    const float angle = pos * inv_freq[p];
-    double sd, cd;
-    sincos(static_cast<double>(angle), &sd, &cd);
-    const float c = static_cast<float>(cd);
-    float s = static_cast<float>(sd);
-    if (inverse) s = -s;
-    const float x0 = r[2 * p], x1 = r[2 * p + 1];
-    r[2 * p] = x0 * c - x1 * s;
-    r[2 * p + 1] = x1 * c + x0 * s;
+    const float2 y = RopeRotate(r[2 * p], r[2 * p + 1], pos, inv_freq[p], inverse);
+    r[2 * p] = y.x;
+    r[2 * p + 1] = y.y;
   }
 }
 
@@ -104,41 +78,18 @@ __global__ void __launch_bounds__(1024) RmsNormRopeKernel(float* x, const float*
     a = xr[i];
     if (w != nullptr) wv = reinterpret_cast<const float4*>(w)[i];
   }
-  double s = static_cast<double>(a.x) * a.x;
-  s += static_cast<double>(a.y) * a.y;
-  s += static_cast<double>(a.z) * a.z;
-  s += static_cast<double>(a.w) * a.w;
-  s = BlockSumD(s, scratch);
-  const float mean = static_cast<float>(s / static_cast<double>(dim));
-  const float inv = 1.0f / sqrtf(mean + eps);
+  const float4 n = RmsNormalize4(a, wv, w != nullptr, dim, eps, scratch);
   if (i >= n4) return;
-  float o[4];
-  if (w != nullptr) {
-    o[0] = wv.x * (a.x * inv);
-    o[1] = wv.y * (a.y * inv);
-    o[2] = wv.z * (a.z * inv);
-    o[3] = wv.w * (a.w * inv);
-  } else {
-    o[0] = a.x * inv;
-    o[1] = a.y * inv;
-    o[2] = a.z * inv;
-    o[3] = a.w * inv;
-  }
+  float o[4] = {n.x, n.y, n.z, n.w};
   const int first = (dim - rope_dims) >> 2;  // the first float4 of the rope region
   if (i >= first) {
     const float pos = static_cast<float>(positions[row / heads]);
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const int p = 2 * (i - first) + q;
-      const float angle = pos * inv_freq[p];
-      double sd, cd;
-      sincos(static_cast<double>(angle), &sd, &cd);
-      const float c = static_cast<float>(cd);
-      float sn = static_cast<float>(sd);
-      if (inverse) sn = -sn;
-      const float x0 = o[2 * q], x1 = o[2 * q + 1];
-      o[2 * q] = x0 * c - x1 * sn;
-      o[2 * q + 1] = x1 * c + x0 * sn;
+      const float2 y = RopeRotate(o[2 * q], o[2 * q + 1], pos, inv_freq[p], inverse);
+      o[2 * q] = y.x;
+      o[2 * q + 1] = y.y;
     }
   }
   xr[i] = make_float4(o[0], o[1], o[2], o[3]);

@@ -311,6 +311,86 @@ TEST(CudaOps, HyperConnectionsPrePostHead) {
   }
 }
 
+// The fused sub-block boundaries (HcPostMix + HcPreNorm, HcHeadNorm) against the same GPU
+// backend's ops one by one (bit for bit: same rounding by construction) and against the CPU
+// reference. D = 4100 exceeds the fused kernel (D <= 4096) and checks the fallback.
+TEST(CudaOps, HyperConnectionBoundariesEqualTheOpsOneByOne) {
+  DSV4_REQUIRE_GPU();
+  BackendPair p;
+  const std::vector<std::vector<SeqSpec>> layouts = {
+      {{0, 9}, {50, 1}, {0, 120}}, {{10, 1}}, {{3, 1}, {5, 1}, {0, 4}}};
+  for (int64_t D : {4096, 128, 4100})
+  for (const auto& layout : layouts) {
+    SCOPED_TRACE(::testing::Message() << "D=" << D << " seqs=" << layout.size());
+    p.Begin(layout, kBlock);
+    const int64_t T = p.meta.num_tokens, n = 4, mix = (2 + n) * n;
+    const float a = 1.0f / std::sqrt(static_cast<float>(n * D));
+    Both hs = p.Input(Shape{T, n, D}, RandomVec(T * n * D, 31, -2, 2));
+    Both f = p.Input(Shape{T, D}, RandomVec(T * D, 32));
+    Both post_in = p.Input(Shape{T, n}, RandomVec(T * n, 33, 0.2f, 1.8f));
+    Both comb_in = p.Input(Shape{T, n, n}, RandomVec(T * n * n, 34, 0.0f, 0.5f));
+    Both fn = p.Weight(Shape{mix, n * D}, RandomVec(mix * n * D, 35, -a, a));
+    Both base = p.Weight(Shape{mix}, RandomVec(mix, 36, -0.5f, 0.5f));
+    Both scale = p.Weight(Shape{3}, RandomVec(3, 37, 0.5f, 1.5f));
+    Both nw = p.Weight(Shape{D}, RandomVec(D, 38, 0.5f, 1.5f));
+    HcGateNorm gc{fn.c, base.c, scale.c, HcParams{}, nw.c, RmsNormParams{}};
+    HcGateNorm gg{fn.g, base.g, scale.g, HcParams{}, nw.g, RmsNormParams{}};
+
+    // Fused boundary, post / comb updated in place (as the model calls it).
+    Both hs_out = p.Scratch(DType::kF32, Shape{T, n, D});
+    Both normed = p.Scratch(DType::kF32, Shape{T, D});
+    Both post = p.Input(Shape{T, n}, RandomVec(T * n, 33, 0.2f, 1.8f));
+    Both comb = p.Input(Shape{T, n, n}, RandomVec(T * n * n, 34, 0.0f, 0.5f));
+    ASSERT_TRUE(p.cpu.HcPostPreNorm(hs.c, f.c, post.c, comb.c, hs_out.c, gc, normed.c, post.c,
+                                    comb.c).ok());
+    const absl::Status st = p.gpu->HcPostPreNorm(hs.g, f.g, post.g, comb.g, hs_out.g, gg, normed.g,
+                                                 post.g, comb.g);
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_TRUE(p.Same(hs_out, 1e-4, 1e-4));
+    EXPECT_TRUE(p.Same(normed, 1e-4, 1e-4));
+    EXPECT_TRUE(p.Same(post, 1e-5, 1e-4));
+    EXPECT_TRUE(p.Same(comb, 1e-5, 1e-4));
+
+    // The GPU ops one by one: HcPost, HcPre, RmsNorm.
+    Both hs_sep = p.Scratch(DType::kF32, Shape{T, n, D});
+    Both collapsed = p.Scratch(DType::kF32, Shape{T, D});
+    Both post_sep = p.Scratch(DType::kF32, Shape{T, n});
+    Both comb_sep = p.Scratch(DType::kF32, Shape{T, n, n});
+    ASSERT_TRUE(p.gpu->HcPost(hs.g, f.g, post_in.g, comb_in.g, hs_sep.g).ok());
+    ASSERT_TRUE(p.gpu->HcPre(hs_sep.g, fn.g, base.g, scale.g, HcParams{}, collapsed.g, post_sep.g,
+                             comb_sep.g).ok());
+    ASSERT_TRUE(p.gpu->RmsNorm(collapsed.g, nw.g, RmsNormParams{}, collapsed.g).ok());
+    auto same_bits = [&](const Both& x, const Both& y) {
+      std::vector<float> hx(x.g.numel()), hy(y.g.numel());
+      EXPECT_TRUE(p.gpu->CopyToHost(x.g, hx.data()).ok());
+      EXPECT_TRUE(p.gpu->CopyToHost(y.g, hy.data()).ok());
+      return hx.size() == hy.size() &&
+             std::memcmp(hx.data(), hy.data(), hx.size() * sizeof(float)) == 0;
+    };
+    EXPECT_TRUE(same_bits(hs_out, hs_sep));
+    EXPECT_TRUE(same_bits(normed, collapsed));
+    EXPECT_TRUE(same_bits(post, post_sep));
+    EXPECT_TRUE(same_bits(comb, comb_sep));
+
+    // The first boundary of a step (no HcPost) and the head's gate + final norm.
+    ASSERT_TRUE(p.cpu.HcPreNorm(hs.c, gc, normed.c, post.c, comb.c).ok());
+    ASSERT_TRUE(p.gpu->HcPreNorm(hs.g, gg, normed.g, post.g, comb.g).ok());
+    EXPECT_TRUE(p.Same(normed, 1e-4, 1e-4));
+    EXPECT_TRUE(p.Same(comb, 1e-5, 1e-4));
+    Both hfn = p.Weight(Shape{n, n * D}, RandomVec(n * n * D, 39, -a, a));
+    Both hbase = p.Weight(Shape{n}, RandomVec(n, 40, -0.5f, 0.5f));
+    Both hscale = p.Weight(Shape{1}, {0.8f});
+    Both y = p.Scratch(DType::kF32, Shape{T, D});
+    ASSERT_TRUE(p.cpu.HcHeadNorm(hs.c, {hfn.c, hbase.c, hscale.c, HcParams{}, nw.c, {}}, y.c).ok());
+    ASSERT_TRUE(p.gpu->HcHeadNorm(hs.g, {hfn.g, hbase.g, hscale.g, HcParams{}, nw.g, {}}, y.g).ok());
+    EXPECT_TRUE(p.Same(y, 1e-4, 1e-4));
+    Both y_sep = p.Scratch(DType::kF32, Shape{T, D});
+    ASSERT_TRUE(p.gpu->HcHead(hs.g, hfn.g, hbase.g, hscale.g, HcParams{}, y_sep.g).ok());
+    ASSERT_TRUE(p.gpu->RmsNorm(y_sep.g, nw.g, RmsNormParams{}, y_sep.g).ok());
+    EXPECT_TRUE(same_bits(y, y_sep));
+  }
+}
+
 // ---- compressors ----
 
 struct CompressCase {
@@ -522,6 +602,27 @@ TEST(CudaOps, AttentionSlidingCsaHcaWithSink) {
         p.gpu->Attention(ap, q.g, kv.g, ring.g, entries.g, selected.g, sinks.g, out.g);
     ASSERT_TRUE(s.ok()) << s;
     EXPECT_TRUE(p.Same(out, 1e-5, 1e-4));
+    // The output's inverse RoPE as the attention's last step (in the split combine, or the RoPE
+    // kernel after a single split): the reference's rotation, and bit for bit Rope after it.
+    RopeConfig main_rope;
+    main_rope.theta = 10000;
+    Both freq = p.Weight(Shape{32}, RopeInvFreq(main_rope, 64));
+    AttentionParams rp = ap;
+    rp.out_rope.rope_dims = 64;
+    rp.out_rope.inverse = true;
+    rp.out_rope.inv_freq = freq.c;
+    Both roped = p.Scratch(DType::kF32, Shape{T, H, hd});
+    ASSERT_TRUE(
+        p.cpu.Attention(rp, q.c, kv.c, ring.c, entries.c, selected.c, sinks.c, roped.c).ok());
+    rp.out_rope.inv_freq = freq.g;
+    ASSERT_TRUE(
+        p.gpu->Attention(rp, q.g, kv.g, ring.g, entries.g, selected.g, sinks.g, roped.g).ok());
+    EXPECT_TRUE(p.Same(roped, 1e-5, 1e-4));
+    ASSERT_TRUE(p.gpu->Rope(out.g, rp.out_rope).ok());
+    std::vector<float> fused(T * H * hd), separate(T * H * hd);
+    ASSERT_TRUE(p.gpu->CopyToHost(roped.g, fused.data()).ok());
+    ASSERT_TRUE(p.gpu->CopyToHost(out.g, separate.data()).ok());
+    EXPECT_EQ(0, std::memcmp(fused.data(), separate.data(), fused.size() * sizeof(float)));
     // Then the ring update of the same step.
     ASSERT_TRUE(p.cpu.RingWrite(kv.c, ring.c).ok());
     ASSERT_TRUE(p.gpu->RingWrite(kv.g, ring.g).ok());
@@ -674,10 +775,10 @@ TEST(CudaOps, GroupedExpertsPermuteGemmCombine) {
       if (prec == Precision::kBF16) {
         for (const Both* t : {&gate_up, &down, &shared_gate_up, &shared_down}) MirrorBf16(p, *t);
       }
-      const MoeWeights routed_c{gate_up.c, down.c, Tensor{}, Tensor{}};
-      const MoeWeights routed_g{gate_up.g, down.g, Tensor{}, Tensor{}};
-      const MoeWeights with_shared_c{gate_up.c, down.c, shared_gate_up.c, shared_down.c};
-      const MoeWeights with_shared_g{gate_up.g, down.g, shared_gate_up.g, shared_down.g};
+      const MoeWeights routed_c{gate_up.c, down.c, Tensor{}, Tensor{}, Tensor{}};
+      const MoeWeights routed_g{gate_up.g, down.g, Tensor{}, Tensor{}, Tensor{}};
+      const MoeWeights with_shared_c{gate_up.c, down.c, shared_gate_up.c, shared_down.c, Tensor{}};
+      const MoeWeights with_shared_g{gate_up.g, down.g, shared_gate_up.g, shared_down.g, Tensor{}};
       for (int32_t T : c.tokens) {
         p.Begin({{0, T}}, kBlock);
         std::vector<int32_t> idx(T * c.top_k);
@@ -693,18 +794,27 @@ TEST(CudaOps, GroupedExpertsPermuteGemmCombine) {
         Both u = p.Input(Shape{T, c.dim}, uv);
         Both ix = p.InputI(Shape{T, c.top_k}, idx);
         Both w = p.Input(Shape{T, c.top_k}, RandomVec(T * c.top_k, 74, 0, 1));
-        // Routed only, then with the shared expert (fused into the single-token path).
-        for (const bool shared : {false, true}) {
+        // Routed only, with the shared expert (fused into the single-token path), and with the
+        // shared expert's first half computed ahead (SharedExpertUp, as the model runs it).
+        for (const int mode : {0, 1, 2}) {
+          MoeWeights wc = mode == 0 ? routed_c : with_shared_c;
+          MoeWeights wg = mode == 0 ? routed_g : with_shared_g;
+          const double tol = prec == Precision::kBF16 ? 1e-2 : 1e-4;
+          if (mode == 2) {
+            Both h = p.Scratch(DType::kF32, Shape{T, c.inter});
+            ASSERT_TRUE(p.cpu.SharedExpertUp(u.c, wc, 10.0f, h.c).ok());
+            const absl::Status s = p.gpu->SharedExpertUp(u.g, wg, 10.0f, h.g);
+            ASSERT_TRUE(s.ok()) << s;
+            EXPECT_TRUE(p.Same(h, tol, tol)) << "T=" << T;
+            wc.shared_h = h.c;
+            wg.shared_h = h.g;
+          }
           Both out = p.Scratch(DType::kF32, Shape{T, c.dim});
-          ASSERT_TRUE(
-              p.cpu.MoeExperts(u.c, ix.c, w.c, shared ? with_shared_c : routed_c, 10.0f, out.c)
-                  .ok());
-          const absl::Status s =
-              p.gpu->MoeExperts(u.g, ix.g, w.g, shared ? with_shared_g : routed_g, 10.0f, out.g);
+          ASSERT_TRUE(p.cpu.MoeExperts(u.c, ix.c, w.c, wc, 10.0f, out.c).ok());
+          const absl::Status s = p.gpu->MoeExperts(u.g, ix.g, w.g, wg, 10.0f, out.g);
           ASSERT_TRUE(s.ok()) << s;
           // bf16: the intermediate activation is rounded to bf16 before the down projection.
-          const double tol = prec == Precision::kBF16 ? 1e-2 : 1e-4;
-          EXPECT_TRUE(p.Same(out, tol, tol)) << "T=" << T << " shared=" << shared;
+          EXPECT_TRUE(p.Same(out, tol, tol)) << "T=" << T << " mode=" << mode;
         }
       }
     }

@@ -312,7 +312,7 @@ absl::Status CpuBackend::Attention(const AttentionParams& p, const Tensor& q, co
                compressed ? entries.ptr<float>() : nullptr,
                selected.empty() ? nullptr : selected.ptr<int32_t>(), sinks.ptr<float>(),
                out.ptr<float>());
-  return absl::OkStatus();
+  return p.out_rope.rope_dims > 0 ? Rope(out, p.out_rope) : absl::OkStatus();
 }
 
 absl::Status CpuBackend::RingWrite(const Tensor& kv, Tensor ring) {

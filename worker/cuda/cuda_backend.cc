@@ -610,6 +610,66 @@ absl::Status CudaBackend::HcHead(const Tensor& hs, const Tensor& fn, const Tenso
                       F(base), F(scale), y.ptr<float>(), cur_stream());
 }
 
+// The sub-block boundaries in two kernels instead of four (HcPost, mix, HcPre, RmsNorm): the
+// mix kernel computes HcPost's streams as it reads them (cuda::HcPostMix), and the gate kernel
+// normalises its collapsed row (cuda::HcPreNorm). Shapes the kernels do not cover run the
+// Backend defaults (the ops one by one).
+absl::Status CudaBackend::HcPreNorm(const Tensor& hs, const HcGateNorm& g, Tensor normed,
+                                    Tensor post, Tensor comb) {
+  RETURN_IF_ERROR(op_checks::HcPre(hs, g.fn, g.base, g.scale, g.hc, normed, post, comb));
+  RETURN_IF_ERROR(op_checks::RmsNorm(normed, g.norm_weight, normed));
+  const cuda::HcDims d = op_checks::HcShapeOf(hs, g.hc);
+  if (!cuda::HcNormFits(d, hs.ptr<float>(), normed.ptr<float>(), F(g.norm_weight))) {
+    return Backend::HcPreNorm(hs, g, normed, post, comb);
+  }
+  if (skip()) return absl::OkStatus();
+  ProfileScope prof(profile_.get(), cur_stream(), "HcPreNorm", hs);
+  ASSIGN_OR_RETURN(Tensor mix, HcMix(hs, g.fn));
+  return cuda::HcPreNorm(d, hs.ptr<float>(), mix.ptr<float>(), mix.dim(0), F(g.base), F(g.scale),
+                         F(g.norm_weight), g.norm.eps, normed.ptr<float>(), post.ptr<float>(),
+                         comb.ptr<float>(), cur_stream());
+}
+
+absl::Status CudaBackend::HcPostPreNorm(const Tensor& hs, const Tensor& f, const Tensor& post,
+                                        const Tensor& comb, Tensor hs_out, const HcGateNorm& g,
+                                        Tensor normed, Tensor post_out, Tensor comb_out) {
+  RETURN_IF_ERROR(op_checks::HcPost(hs, f, post, comb, hs_out));
+  RETURN_IF_ERROR(
+      op_checks::HcPre(hs_out, g.fn, g.base, g.scale, g.hc, normed, post_out, comb_out));
+  RETURN_IF_ERROR(op_checks::RmsNorm(normed, g.norm_weight, normed));
+  const cuda::HcDims d = op_checks::HcShapeOf(hs_out, g.hc);
+  const int64_t nd = hs.dim(1) * hs.dim(2), rows = g.fn.numel() / nd;
+  if (!cuda::HcPostMixFits(d, rows, hs.ptr<float>(), f.ptr<float>(), hs_out.ptr<float>(),
+                           g.fn.ptr<float>()) ||
+      !cuda::HcNormFits(d, hs_out.ptr<float>(), normed.ptr<float>(), F(g.norm_weight))) {
+    return Backend::HcPostPreNorm(hs, f, post, comb, hs_out, g, normed, post_out, comb_out);
+  }
+  if (skip()) return absl::OkStatus();
+  ProfileScope prof(profile_.get(), cur_stream(), "HcPostPreNorm", hs);
+  ASSIGN_OR_RETURN(Tensor mix,
+                   OpScratch(DType::kF32, Shape{cuda::HcMixParts(d.tokens, nd), d.tokens, rows + 1}));
+  RETURN_IF_ERROR(cuda::HcPostMix(d, hs.ptr<float>(), f.ptr<float>(), post.ptr<float>(),
+                                  comb.ptr<float>(), hs_out.ptr<float>(), g.fn.ptr<float>(), rows,
+                                  mix.ptr<float>(), cur_stream()));
+  return cuda::HcPreNorm(d, hs_out.ptr<float>(), mix.ptr<float>(), mix.dim(0), F(g.base),
+                         F(g.scale), F(g.norm_weight), g.norm.eps, normed.ptr<float>(),
+                         post_out.ptr<float>(), comb_out.ptr<float>(), cur_stream());
+}
+
+absl::Status CudaBackend::HcHeadNorm(const Tensor& hs, const HcGateNorm& g, Tensor y) {
+  RETURN_IF_ERROR(op_checks::HcHead(hs, g.fn, g.base, g.scale, y));
+  RETURN_IF_ERROR(op_checks::RmsNorm(y, g.norm_weight, y));
+  const cuda::HcDims d = op_checks::HcShapeOf(hs, g.hc);
+  if (!cuda::HcNormFits(d, hs.ptr<float>(), y.ptr<float>(), F(g.norm_weight))) {
+    return Backend::HcHeadNorm(hs, g, y);
+  }
+  if (skip()) return absl::OkStatus();
+  ProfileScope prof(profile_.get(), cur_stream(), "HcHeadNorm", hs);
+  ASSIGN_OR_RETURN(Tensor mix, HcMix(hs, g.fn));
+  return cuda::HcHeadNorm(d, hs.ptr<float>(), mix.ptr<float>(), mix.dim(0), F(g.base), F(g.scale),
+                          F(g.norm_weight), g.norm.eps, y.ptr<float>(), cur_stream());
+}
+
 absl::Status CudaBackend::Compress(const CompressParams& p, const Tensor& a, const Tensor& z,
                                    Tensor state, Tensor entries) {
   RETURN_IF_ERROR(op_checks::Compress(p, a, z, state, entries, view_.num_tokens, view_.block_size));
@@ -668,6 +728,7 @@ absl::Status CudaBackend::Attention(const AttentionParams& p, const Tensor& q, c
                                     const Tensor& selected, const Tensor& sinks, Tensor out) {
   RETURN_IF_ERROR(op_checks::Attention(p, q, kv, ring, entries, selected, sinks, out,
                                        view_.num_tokens, view_.block_size));
+  if (p.out_rope.rope_dims > 0) RETURN_IF_ERROR(op_checks::Rope(out, p.out_rope, view_.num_tokens));
   cuda::AttentionDims d;
   d.heads = q.dim(1);
   d.dim = q.dim(2);
@@ -678,6 +739,9 @@ absl::Status CudaBackend::Attention(const AttentionParams& p, const Tensor& q, c
   d.scale = p.scale;
   // bf16 precision: tensor-core attention (bf16 q/keys/P, fp32 accumulate and softmax).
   d.bf16_tensor_cores = matrix_dtype() == DType::kBF16;
+  d.out_rope_dims = p.out_rope.rope_dims;
+  d.out_rope_freq = F(p.out_rope.inv_freq);
+  d.out_rope_inverse = p.out_rope.inverse;
   RETURN_IF_ERROR(EnterEager());  // piecewise: the attention core runs between segments
   const char* kind = p.ratio == 0         ? "Attention sliding"
                      : p.dense_compressed ? "Attention HCA"
@@ -743,6 +807,7 @@ absl::Status CudaBackend::MoeExperts(const Tensor& u, const Tensor& idx, const T
   a.down = down.data;
   a.shared_gate_up = shared ? w.shared_gate_up.data : nullptr;
   a.shared_down = shared ? w.shared_down.data : nullptr;
+  a.shared_h = shared && !w.shared_h.empty() ? w.shared_h.ptr<float>() : nullptr;
   a.out = out.ptr<float>();
   // (The fused kernels give the shared expert the routed intermediate size.)
   const bool fused = row_gemv_ && u.dim(0) == 1 && gate_up.dtype == DType::kBF16 &&
@@ -760,6 +825,27 @@ absl::Status CudaBackend::MoeExperts(const Tensor& u, const Tensor& idx, const T
   }
   RETURN_IF_ERROR(RoutedExperts(u, idx, weights, w, swiglu_limit, out));
   return AddSharedExpert(*this, u, w, swiglu_limit, out);
+}
+
+absl::Status CudaBackend::SharedExpertUp(const Tensor& u, const MoeWeights& w,
+                                         float swiglu_limit, Tensor h) {
+  RETURN_IF_ERROR(op_checks::SharedExpertUp(u, w, h));
+  cuda::MoeDecodeArgs a;
+  a.dim = u.dim(1);
+  a.inter = w.shared_down.dim(1);
+  a.swiglu_limit = swiglu_limit;
+  a.u = u.ptr<float>();
+  a.shared_gate_up = w.shared_gate_up.data;
+  a.h = h.ptr<float>();
+  // One token with bf16 weights: one weight-streaming kernel (gate/up rows + SwiGLU); otherwise
+  // the Backend default (GEMM + SwiGlu), decided by shape before skip() (scratch parity).
+  if (!(row_gemv_ && u.dim(0) == 1 && w.shared_gate_up.dtype == DType::kBF16 &&
+        cuda::SharedExpertUpFits(a))) {
+    return Backend::SharedExpertUp(u, w, swiglu_limit, h);
+  }
+  if (skip()) return absl::OkStatus();
+  ProfileScope prof(profile_.get(), cur_stream(), "SharedExpertUp", u, w.shared_gate_up);
+  return cuda::SharedExpertUpBf16(a, cur_stream());
 }
 
 absl::Status CudaBackend::RoutedExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,

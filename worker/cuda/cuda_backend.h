@@ -85,6 +85,12 @@ class CudaBackend final : public Backend {
                       Tensor out) override;
   absl::Status HcHead(const Tensor& hs, const Tensor& fn, const Tensor& base, const Tensor& scale,
                       const HcParams& p, Tensor y) override;
+  absl::Status HcPreNorm(const Tensor& hs, const HcGateNorm& g, Tensor normed, Tensor post,
+                         Tensor comb) override;
+  absl::Status HcPostPreNorm(const Tensor& hs, const Tensor& f, const Tensor& post,
+                             const Tensor& comb, Tensor hs_out, const HcGateNorm& g, Tensor normed,
+                             Tensor post_out, Tensor comb_out) override;
+  absl::Status HcHeadNorm(const Tensor& hs, const HcGateNorm& g, Tensor y) override;
   absl::Status Compress(const CompressParams& p, const Tensor& a, const Tensor& z, Tensor state,
                         Tensor entries) override;
   absl::Status IndexerTopK(const IndexerParams& p, const Tensor& q, const Tensor& weights,
@@ -98,6 +104,8 @@ class CudaBackend final : public Backend {
   absl::Status MoeExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,
                           const MoeWeights& w, float swiglu_limit, Tensor out) override;
   absl::Status SwiGlu(const Tensor& gate_up, float limit, Tensor h) override;
+  absl::Status SharedExpertUp(const Tensor& u, const MoeWeights& w, float swiglu_limit,
+                              Tensor h) override;
 
   cudaStream_t stream() const { return stream_.get(); }
   int device() const { return options_.device; }

@@ -1,6 +1,7 @@
 #include "worker/model/backend.h"
 
 #include "common/status.h"
+#include "worker/model/op_checks.h"
 
 namespace dsv4 {
 
@@ -8,19 +9,47 @@ absl::Status AddSharedExpert(Backend& be, const Tensor& u, const MoeWeights& w,
                              float swiglu_limit, Tensor out) {
   if (w.shared_gate_up.empty()) return absl::OkStatus();
   const int64_t T = u.dim(0), I = w.shared_down.dim(1), D = w.shared_down.dim(0);
-  ASSIGN_OR_RETURN(Tensor gu, be.Scratch(DType::kF32, Shape{T, 2 * I}));
-  RETURN_IF_ERROR(be.Linear(u, w.shared_gate_up, gu));
-  ASSIGN_OR_RETURN(Tensor h, be.Scratch(DType::kF32, Shape{T, I}));
-  RETURN_IF_ERROR(be.SwiGlu(gu, swiglu_limit, h));
+  Tensor h = w.shared_h;
+  if (h.empty()) {
+    ASSIGN_OR_RETURN(h, be.Scratch(DType::kF32, Shape{T, I}));
+    RETURN_IF_ERROR(be.SharedExpertUp(u, w, swiglu_limit, h));
+  }
   ASSIGN_OR_RETURN(Tensor shared, be.Scratch(DType::kF32, Shape{T, D}));
   RETURN_IF_ERROR(be.Linear(h, w.shared_down, shared));
   return be.Add(out, shared, out);
+}
+
+absl::Status Backend::SharedExpertUp(const Tensor& u, const MoeWeights& w, float swiglu_limit,
+                                     Tensor h) {
+  RETURN_IF_ERROR(op_checks::SharedExpertUp(u, w, h));
+  ASSIGN_OR_RETURN(Tensor gu, Scratch(DType::kF32, Shape{u.dim(0), 2 * w.shared_down.dim(1)}));
+  RETURN_IF_ERROR(Linear(u, w.shared_gate_up, gu));
+  return SwiGlu(gu, swiglu_limit, h);
 }
 
 absl::Status Backend::RmsNormRope(Tensor x, const Tensor& weight, const RmsNormParams& norm,
                                   const RopeParams& rope) {
   RETURN_IF_ERROR(RmsNorm(x, weight, norm, x));
   return Rope(x, rope);
+}
+
+absl::Status Backend::HcPreNorm(const Tensor& hs, const HcGateNorm& g, Tensor normed, Tensor post,
+                                Tensor comb) {
+  // normed doubles as the collapsed row (RmsNorm may run in place).
+  RETURN_IF_ERROR(HcPre(hs, g.fn, g.base, g.scale, g.hc, normed, post, comb));
+  return RmsNorm(normed, g.norm_weight, g.norm, normed);
+}
+
+absl::Status Backend::HcPostPreNorm(const Tensor& hs, const Tensor& f, const Tensor& post,
+                                    const Tensor& comb, Tensor hs_out, const HcGateNorm& g,
+                                    Tensor normed, Tensor post_out, Tensor comb_out) {
+  RETURN_IF_ERROR(HcPost(hs, f, post, comb, hs_out));
+  return HcPreNorm(hs_out, g, normed, post_out, comb_out);
+}
+
+absl::Status Backend::HcHeadNorm(const Tensor& hs, const HcGateNorm& g, Tensor y) {
+  RETURN_IF_ERROR(HcHead(hs, g.fn, g.base, g.scale, g.hc, y));
+  return RmsNorm(y, g.norm_weight, g.norm, y);
 }
 
 }  // namespace dsv4

@@ -122,6 +122,9 @@ struct AttentionParams {
   int64_t ratio = 0;       // 0: sliding only
   bool dense_compressed = false;  // HCA: every visible entry; CSA: the indexer's selection
   float scale = 1;         // hd^-0.5
+  // Applied to the output (the model's inverse RoPE) when rope_dims > 0: the attention's own
+  // last step, which a backend may fuse into its output writes.
+  RopeParams out_rope;
 };
 
 struct RouterParams {
@@ -146,11 +149,23 @@ struct SyntheticSpec {
   int32_t modulus = 1;
 };
 
+// An mHC gate (the HcPre / HcHead mixing weights and parameters) and the RMSNorm applied to its
+// collapsed output (norm_weight [D], empty for an unweighted norm).
+struct HcGateNorm {
+  Tensor fn, base, scale;
+  HcParams hc;
+  Tensor norm_weight;
+  RmsNormParams norm;
+};
+
 // One MoE layer's expert weights: routed gate_up [E, 2I, D] (gate rows, then up rows) and
 // down [E, D, I]; the shared expert's gate_up [2I, D] and down [D, I], both empty for none.
 struct MoeWeights {
   Tensor gate_up, down;
   Tensor shared_gate_up, shared_down;
+  // The shared expert's SwiGLU(shared_gate_up · u) [T, I] when it was computed ahead
+  // (Backend::SharedExpertUp, e.g. overlapping the router); empty: computed with the experts.
+  Tensor shared_h;
 };
 
 class Backend {
@@ -212,6 +227,17 @@ class Backend {
   // y[T, D] = Σ_j pre_j hs[j] with the head's own pre gate.
   virtual absl::Status HcHead(const Tensor& hs, const Tensor& fn, const Tensor& base,
                               const Tensor& scale, const HcParams& p, Tensor y) = 0;
+  // The sub-block boundaries, which a backend may fuse (these defaults run the ops one by one):
+  // normed[T, D] = RmsNorm(HcPre(hs).collapsed) with post and comb as HcPre.
+  virtual absl::Status HcPreNorm(const Tensor& hs, const HcGateNorm& g, Tensor normed, Tensor post,
+                                 Tensor comb);
+  // hs_out = HcPost(hs, f, post, comb), then HcPreNorm(hs_out, g, normed, post_out, comb_out);
+  // post_out / comb_out may be post / comb (they are read before they are written).
+  virtual absl::Status HcPostPreNorm(const Tensor& hs, const Tensor& f, const Tensor& post,
+                                     const Tensor& comb, Tensor hs_out, const HcGateNorm& g,
+                                     Tensor normed, Tensor post_out, Tensor comb_out);
+  // y[T, D] = RmsNorm(HcHead(hs)).
+  virtual absl::Status HcHeadNorm(const Tensor& hs, const HcGateNorm& g, Tensor y);
 
   // ---- attention state and compressed attention (§6–§9, §11) ----
   // Feeds each token's projections a[T, c*d], z[T, c*d] into its sequence's compressor state
@@ -245,10 +271,16 @@ class Backend {
                                   const MoeWeights& w, float swiglu_limit, Tensor out) = 0;
   // h[M, I] = silu(min(gu[:, :I], L)) * clamp(gu[:, I:], -L, L)
   virtual absl::Status SwiGlu(const Tensor& gate_up, float limit, Tensor h) = 0;
+  // h[T, I] = SwiGLU(shared_gate_up · u), the shared expert's first half, which reads u only:
+  // the model runs it as side work next to the router and passes h on as MoeWeights::shared_h.
+  // This default runs Linear and SwiGlu.
+  virtual absl::Status SharedExpertUp(const Tensor& u, const MoeWeights& w, float swiglu_limit,
+                                      Tensor h);
 };
 
 // out += shared_down · SwiGLU(shared_gate_up · u) through the backend's own ops (a no-op without a
-// shared expert): the shared expert for backends that do not fuse it into MoeExperts.
+// shared expert; w.shared_h, when given, is the SwiGLU): the shared expert for backends that do
+// not fuse it into MoeExperts.
 absl::Status AddSharedExpert(Backend& be, const Tensor& u, const MoeWeights& w,
                              float swiglu_limit, Tensor out);
 

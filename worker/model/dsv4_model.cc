@@ -557,28 +557,33 @@ absl::StatusOr<Tensor> Dsv4Model::RunForward() {
   ASSIGN_OR_RETURN(Tensor hs, be.Scratch(DType::kF32, Shape{T, n, D}));
   ASSIGN_OR_RETURN(Tensor hs2, be.Scratch(DType::kF32, Shape{T, n, D}));
   RETURN_IF_ERROR(be.HcExpand(x, hs));
-  ASSIGN_OR_RETURN(Tensor collapsed, be.Scratch(DType::kF32, Shape{T, D}));
   ASSIGN_OR_RETURN(Tensor normed, be.Scratch(DType::kF32, Shape{T, D}));
   ASSIGN_OR_RETURN(Tensor block_out, be.Scratch(DType::kF32, Shape{T, D}));
   ASSIGN_OR_RETURN(Tensor post, be.Scratch(DType::kF32, Shape{T, n}));
   ASSIGN_OR_RETURN(Tensor comb, be.Scratch(DType::kF32, Shape{T, n, n}));
+  auto gate = [&](const HcWeights& hw, const Tensor& norm_weight) {
+    return HcGateNorm{hw.fn, hw.base, hw.scale, hc, norm_weight, norm};
+  };
 
+  // Each sub-block: Hs' = post ⊗ Block(norm(collapse(Hs))) + Cᵀ·Hs. A sub-block's HcPost and the
+  // next one's collapse + norm form one boundary op (HcPostPreNorm), which a backend may fuse.
+  RETURN_IF_ERROR(be.HcPreNorm(hs, gate(w.layers[0].attn_hc, w.layers[0].attn_norm), normed, post,
+                               comb));
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = w.layers[l];
-    // Attention sub-block: Hs' = post ⊗ Attn(norm(collapse(Hs))) + Cᵀ·Hs.
-    RETURN_IF_ERROR(be.HcPre(hs, lw.attn_hc.fn, lw.attn_hc.base, lw.attn_hc.scale, hc, collapsed,
-                             post, comb));
-    RETURN_IF_ERROR(be.RmsNorm(collapsed, lw.attn_norm, norm, normed));
     RETURN_IF_ERROR(be.Mark(StepMark::kAttentionBegin));
     RETURN_IF_ERROR_CTX(AttentionBlock(l, normed, block_out), absl::StrCat("layer ", l, " attention"));
     RETURN_IF_ERROR(be.Mark(StepMark::kAttentionEnd));
-    RETURN_IF_ERROR(be.HcPost(hs, block_out, post, comb, hs2));
-    // MoE sub-block.
-    RETURN_IF_ERROR(be.HcPre(hs2, lw.ffn_hc.fn, lw.ffn_hc.base, lw.ffn_hc.scale, hc, collapsed,
-                             post, comb));
-    RETURN_IF_ERROR(be.RmsNorm(collapsed, lw.ffn_norm, norm, normed));
+    RETURN_IF_ERROR(be.HcPostPreNorm(hs, block_out, post, comb, hs2, gate(lw.ffn_hc, lw.ffn_norm),
+                                     normed, post, comb));
     RETURN_IF_ERROR_CTX(MoeBlock(l, normed, block_out), absl::StrCat("layer ", l, " moe"));
-    RETURN_IF_ERROR(be.HcPost(hs2, block_out, post, comb, hs));
+    if (l + 1 < c.num_layers) {
+      const LayerWeights& next = w.layers[l + 1];
+      RETURN_IF_ERROR(be.HcPostPreNorm(hs2, block_out, post, comb, hs,
+                                       gate(next.attn_hc, next.attn_norm), normed, post, comb));
+    } else {
+      RETURN_IF_ERROR(be.HcPost(hs2, block_out, post, comb, hs));
+    }
   }
   RETURN_IF_ERROR(be.Mark(StepMark::kLayersEnd));
 
@@ -588,8 +593,7 @@ absl::StatusOr<Tensor> Dsv4Model::RunForward() {
   // Only the rows whose logits are wanted go through the head.
   RETURN_IF_ERROR(be.GatherLogitRows(hs.View(Shape{T, n * D}), rows.View(Shape{R, n * D})));
   ASSIGN_OR_RETURN(Tensor y, be.Scratch(DType::kF32, Shape{R, D}));
-  RETURN_IF_ERROR(be.HcHead(rows, w.hc_head.fn, w.hc_head.base, w.hc_head.scale, hc, y));
-  RETURN_IF_ERROR(be.RmsNorm(y, w.norm, norm, y));
+  RETURN_IF_ERROR(be.HcHeadNorm(rows, gate(w.hc_head, w.norm), y));
   ASSIGN_OR_RETURN(Tensor logits, be.Scratch(DType::kF32, Shape{R, c.vocab_size}));
   RETURN_IF_ERROR(be.Linear(y, w.head, logits));
   return logits;
@@ -694,6 +698,9 @@ absl::Status Dsv4Model::AttentionBlock(int64_t l, const Tensor& x, Tensor out) {
   ap.ratio = ratio;
   ap.dense_compressed = type == AttnType::kHca;
   ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  // The inverse RoPE on every head of the output, as the attention's last step.
+  ap.out_rope = rope;
+  ap.out_rope.inverse = true;
   ASSIGN_OR_RETURN(Tensor o, be.Scratch(DType::kF32, Shape{T, H, hd}));
   RETURN_IF_ERROR(be.Attention(ap, q, kv, cache.ring, cache.entries, selected, lw.sinks, o));
   // The ring write (after the attention that read the ring) is side work as well, off the output
@@ -703,10 +710,7 @@ absl::Status Dsv4Model::AttentionBlock(int64_t l, const Tensor& x, Tensor out) {
   RETURN_IF_ERROR(be.RingWrite(kv, cache.ring));
   RETURN_IF_ERROR(be.Mark(StepMark::kSideEnd));
 
-  // Inverse RoPE on every head, then the grouped output projection.
-  RopeParams inverse = rope;
-  inverse.inverse = true;
-  RETURN_IF_ERROR(be.Rope(o, inverse));
+  // The grouped output projection.
   ASSIGN_OR_RETURN(Tensor grouped, be.Scratch(DType::kF32, Shape{T, c.o_groups * c.o_lora_rank}));
   RETURN_IF_ERROR(be.GroupedLinear(o.View(Shape{T, H * hd}), lw.o_a_proj, c.o_groups, grouped));
   RETURN_IF_ERROR(be.Linear(grouped, lw.o_b_proj, out));
@@ -718,6 +722,15 @@ absl::Status Dsv4Model::MoeBlock(int64_t l, const Tensor& u, Tensor out) {
   const ModelConfig& c = config_;
   const LayerWeights& lw = weights_->layers[l];
   const int64_t T = meta_.num_tokens, E = c.n_routed_experts, K = c.num_experts_per_tok;
+  const float limit = static_cast<float>(c.swiglu_limit);
+  MoeWeights mw{lw.experts_gate_up, lw.experts_down, lw.shared_gate_up, lw.shared_down, Tensor{}};
+  // The shared expert's first half reads u only: side work next to the router.
+  if (!mw.shared_gate_up.empty()) {
+    ASSIGN_OR_RETURN(mw.shared_h, be.Scratch(DType::kF32, Shape{T, mw.shared_down.dim(1)}));
+    RETURN_IF_ERROR(be.Mark(StepMark::kSideBegin));
+    RETURN_IF_ERROR(be.SharedExpertUp(u, mw, limit, mw.shared_h));
+    RETURN_IF_ERROR(be.Mark(StepMark::kSideEnd));
+  }
   ASSIGN_OR_RETURN(Tensor logits, be.Scratch(DType::kF32, Shape{T, E}));
   RETURN_IF_ERROR(be.Linear(u, lw.gate, logits));
   RouterParams rp;
@@ -727,9 +740,8 @@ absl::Status Dsv4Model::MoeBlock(int64_t l, const Tensor& u, Tensor out) {
   ASSIGN_OR_RETURN(Tensor idx, be.Scratch(DType::kI32, Shape{T, K}));
   ASSIGN_OR_RETURN(Tensor weights, be.Scratch(DType::kF32, Shape{T, K}));
   RETURN_IF_ERROR(be.Route(rp, logits, lw.gate_bias, lw.tid2eid, idx, weights));
-  const float limit = static_cast<float>(c.swiglu_limit);
-  // Routed experts plus the shared expert (same clamped SwiGLU), which a backend may fuse.
-  MoeWeights mw{lw.experts_gate_up, lw.experts_down, lw.shared_gate_up, lw.shared_down};
+  RETURN_IF_ERROR(be.Mark(StepMark::kSideJoin));
+  // Routed experts plus the shared expert's second half, which a backend may fuse.
   return be.MoeExperts(u, idx, weights, mw, limit, out);
 }
 

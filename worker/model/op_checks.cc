@@ -182,7 +182,10 @@ absl::Status MoeExperts(const Tensor& u, const Tensor& idx, const Tensor& weight
           : IsMatrix(w.shared_gate_up, 2) && IsMatrix(w.shared_down, 2) &&
                 w.shared_gate_up.dtype == w.shared_down.dtype &&
                 w.shared_gate_up.dim(1) == u.dim(1) && w.shared_down.dim(0) == u.dim(1) &&
-                w.shared_gate_up.dim(0) == 2 * w.shared_down.dim(1);
+                w.shared_gate_up.dim(0) == 2 * w.shared_down.dim(1) &&
+                (w.shared_h.empty() || (Is(w.shared_h, DType::kF32, 2) &&
+                                        w.shared_h.dim(0) == u.dim(0) &&
+                                        w.shared_h.dim(1) == w.shared_down.dim(1)));
   return Check(Is(u, DType::kF32, 2) && Is(idx, DType::kI32, 2) && IsMatrix(gate_up, 3) &&
                    IsMatrix(down, 3) && gate_up.dtype == down.dtype &&
                    gate_up.dim(2) == u.dim(1) && down.dim(1) == u.dim(1) &&
@@ -190,6 +193,15 @@ absl::Status MoeExperts(const Tensor& u, const Tensor& idx, const Tensor& weight
                    out.numel() == u.numel() && idx.dim(0) == u.dim(0) &&
                    weights.numel() == idx.numel() && shared_ok,
                "MoeExperts");
+}
+
+absl::Status SharedExpertUp(const Tensor& u, const MoeWeights& w, const Tensor& h) {
+  return Check(Is(u, DType::kF32, 2) && IsMatrix(w.shared_gate_up, 2) &&
+                   IsMatrix(w.shared_down, 2) && w.shared_gate_up.dim(1) == u.dim(1) &&
+                   w.shared_gate_up.dim(0) == 2 * w.shared_down.dim(1) &&
+                   Is(h, DType::kF32, 2) && h.dim(0) == u.dim(0) &&
+                   h.dim(1) == w.shared_down.dim(1),
+               "SharedExpertUp");
 }
 
 absl::Status SwiGlu(const Tensor& gate_up, const Tensor& h) {

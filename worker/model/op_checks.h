@@ -41,6 +41,7 @@ absl::Status Route(const RouterParams& p, const Tensor& logits, const Tensor& bi
                    const Tensor& tid2eid, const Tensor& idx, const Tensor& weights, int64_t tokens);
 absl::Status MoeExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,
                         const MoeWeights& w, const Tensor& out);
+absl::Status SharedExpertUp(const Tensor& u, const MoeWeights& w, const Tensor& h);
 absl::Status SwiGlu(const Tensor& gate_up, const Tensor& h);
 
 }  // namespace dsv4::op_checks
