@@ -6,6 +6,7 @@
 //   ./decode_floor_lab gemv       # GEMV shapes back to back, and the 61-GEMV decode chain in a graph
 //   ./decode_floor_lab moe        # single-token expert kernels (6 routed + shared), variants
 //   ./decode_floor_lab prefetch   # L2 prefetch of the next weights from a side stream
+//   ./decode_floor_lab overlap    # PDL GEMVs: L2 bulk prefetch before the wait, split-K warps
 //
 // Results of 2026-11-30: bench/results/h200-2026-11-30b/{gemv_lab,moe_lab,l2_prefetch_lab}.log.
 // Weights are filled with a constant (the kernels' speed does not depend on the values); every
@@ -444,6 +445,174 @@ int Prefetch(cudaStream_t s) {
 
 }  // namespace
 
+// ---- overlap lab: what a PDL-launched GEMV can do while the previous kernel finishes ----
+// kPrefetch: before griddepcontrol.wait, one lane per warp asks L2 for the warp's whole rows
+// (cp.async.bulk.prefetch.L2, fire and forget), so the wait overlaps HBM traffic of this grid
+// instead of idling. kW: warps per row (split-K inside the block, reduced through shared memory
+// in warp order; kW = 1 is RowsKernel's shape).
+template <int kW, int U, int T, bool kPrefetch>
+__global__ void __launch_bounds__(T) OverlapKernel(const float* x, const bf16* w, int64_t k,
+                                                   int64_t rows, float* y) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  __shared__ float part[T / 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t row = int64_t{blockIdx.x} * (T / 32 / kW) + warp / kW;
+  const int slice = warp % kW;
+  const int64_t klen = (k / kW + 255) / 256 * 256;  // whole 256-chunks per warp slice
+  const int64_t k0 = slice * klen, k1 = k0 + klen < k ? k0 + klen : k;
+  const bool live = row < rows && k0 < k;
+  if (kPrefetch && live && lane == 0) {
+    const bf16* p = w + row * k + k0;
+    const uint32_t bytes = static_cast<uint32_t>((k1 - k0) * 2);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+  }
+  float acc = 0.0f;
+  uint4 v[U];
+  bool waited = false;
+  if (live) {
+    for (int64_t base = k0; base < k1; base += U * 256) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t kk = base + u * 256 + lane * 8;
+        v[u] = kk < k1 ? LoadWeights(w + row * k + kk) : make_uint4(0, 0, 0, 0);
+      }
+      if (!waited) {
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+        waited = true;
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t kk = base + u * 256 + lane * 8;
+        if (kk < k1) acc = Dot8(v[u], x + kk, acc);
+      }
+    }
+  }
+  if (!waited) asm volatile("griddepcontrol.wait;" ::: "memory");
+  acc = WarpSum(acc);
+  if (kW == 1) {
+    if (lane == 0 && row < rows) y[row] = acc;
+    return;
+  }
+  if (lane == 0) part[warp] = acc;
+  __syncthreads();
+  if (slice == 0 && lane == 0 && row < rows) {
+    float sum = part[warp];
+    for (int q = 1; q < kW; ++q) sum += part[warp + q];
+    y[row] = sum;
+  }
+}
+
+// A small dependent op that lets its dependents launch at once (as the model's norms do).
+__global__ void TinyPdlKernel(const float* a, float* b) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  for (int i = threadIdx.x; i < 4096; i += blockDim.x) b[i] = a[i] * 0.5f + 1.0f;
+}
+
+struct OverlapVariant {
+  const char* name;
+  RowsFn fn;
+  int warps_per_row, threads;
+};
+
+void LaunchPdlRows(const OverlapVariant& v, cudaStream_t s, const float* x, const bf16* w,
+                   int64_t k, int64_t rows, float* y) {
+  const int64_t per_block = v.threads / 32 / v.warps_per_row;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>((rows + per_block - 1) / per_block));
+  cfg.blockDim = dim3(v.threads);
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  LAB_CHECK(cudaLaunchKernelEx(&cfg, v.fn, x, w, k, rows, y));
+}
+
+void LaunchTinyPdl(cudaStream_t s, const float* a, float* b) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(1);
+  cfg.blockDim = dim3(256);
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  LAB_CHECK(cudaLaunchKernelEx(&cfg, TinyPdlKernel, a, b));
+}
+
+int Overlap(cudaStream_t s) {
+  std::vector<Shape> layer = {{"q_a", 1024, 4096},  {"q_b", 32768, 1024},   {"kv", 512, 4096},
+                              {"o_a", 8192, 4096},  {"o_b", 4096, 8192},    {"router", 256, 4096},
+                              {"sh_gu", 4096, 4096}, {"sh_dn", 4096, 2048}};
+  for (int e = 0; e < 6; ++e) {
+    layer.push_back({"ex_gu", 4096, 4096});
+    layer.push_back({"ex_dn", 4096, 2048});
+  }
+  std::vector<Shape> chain;
+  for (int l = 0; l < 3; ++l) chain.insert(chain.end(), layer.begin(), layer.end());
+  chain.push_back({"lm_head", 129280, 4096});
+  size_t total = 0;
+  for (const Shape& c : chain) total += c.n * c.k;
+  bf16* pool = DeviceFill<bf16>(total, 0x3c);
+  float* x = DeviceFill<float>(1 << 18, 0);
+  float* y = DeviceFill<float>(129280, 0);
+  float* z = DeviceFill<float>(4096, 0);
+  const std::vector<OverlapVariant> variants = {
+      {"W1 U4 T128", OverlapKernel<1, 4, 128, false>, 1, 128},
+      {"W1 U4 T128 pf", OverlapKernel<1, 4, 128, true>, 1, 128},
+      {"W2 U4 T128", OverlapKernel<2, 4, 128, false>, 2, 128},
+      {"W2 U4 T128 pf", OverlapKernel<2, 4, 128, true>, 2, 128},
+      {"W4 U4 T128", OverlapKernel<4, 4, 128, false>, 4, 128},
+      {"W4 U4 T128 pf", OverlapKernel<4, 4, 128, true>, 4, 128},
+      {"W2 U2 T128", OverlapKernel<2, 2, 128, false>, 2, 128},
+      {"W2 U2 T128 pf", OverlapKernel<2, 2, 128, true>, 2, 128},
+      {"W2 U1 T128", OverlapKernel<2, 1, 128, false>, 2, 128},
+      {"W4 U2 T128", OverlapKernel<4, 2, 128, false>, 4, 128},
+      {"W4 U1 T128", OverlapKernel<4, 1, 128, false>, 4, 128},
+      {"W1 U2 T128", OverlapKernel<1, 2, 128, false>, 1, 128},
+      {"W2 U2 T64", OverlapKernel<2, 2, 64, false>, 2, 64},
+      {"W8 U1 T256", OverlapKernel<8, 1, 256, false>, 8, 256},
+  };
+  const std::vector<Shape> singles = {{"q_a", 1024, 4096},   {"q_b", 32768, 1024},
+                                      {"o_b", 4096, 8192},   {"o_a", 8192, 4096},
+                                      {"sh_gu", 4096, 4096}, {"sh_dn", 4096, 2048}};
+  std::printf("PDL chains of one shape (8 calls in a graph), us per call (GB/s); W warps per row, "
+              "pf = L2 bulk prefetch of the rows before the wait\n%-16s", "variant");
+  for (const Shape& sh : singles) std::printf(" %16s", sh.name);
+  std::printf("\n");
+  for (const OverlapVariant& v : variants) {
+    std::printf("%-16s", v.name);
+    for (const Shape& sh : singles) {
+      const double us = GraphMicros(s, 20, [&] {
+                          for (int i = 0; i < 8; ++i) LaunchPdlRows(v, s, x, pool, sh.k, sh.n, y);
+                        }) / 8;
+      std::printf(" %7.1f (%6.0f)", us, sh.n * sh.k * 2 / us / 1e3);
+    }
+    std::printf("\n");
+  }
+  std::printf("\ngraph of the decode chain (PDL): %zu GEMVs, %.1f MB, roofline %.1f us; tiny=1 "
+              "puts a small PDL kernel (triggering at once) before each GEMV\n",
+              chain.size(), total * 2 / 1e6, total * 2 / 4.8e6);
+  for (const OverlapVariant& v : variants) {
+    for (int tiny = 0; tiny < 2; ++tiny) {
+      const double us = GraphMicros(s, 20, [&] {
+        size_t off = 0;
+        for (const Shape& c : chain) {
+          if (tiny) LaunchTinyPdl(s, y, z);
+          LaunchPdlRows(v, s, x, pool + off, c.k, c.n, y);
+          off += c.n * c.k;
+        }
+      });
+      std::printf("%-16s tiny=%d %8.1f us/step %6.0f GB/s\n", v.name, tiny, us,
+                  total * 2 / us / 1e3);
+    }
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const char* what = argc > 1 ? argv[1] : "";
   cudaStream_t s;
@@ -451,6 +620,7 @@ int main(int argc, char** argv) {
   if (!std::strcmp(what, "gemv")) return Gemv(s);
   if (!std::strcmp(what, "moe")) return Moe(s);
   if (!std::strcmp(what, "prefetch")) return Prefetch(s);
-  std::fprintf(stderr, "usage: %s gemv|moe|prefetch\n", argv[0]);
+  if (!std::strcmp(what, "overlap")) return Overlap(s);
+  std::fprintf(stderr, "usage: %s gemv|moe|prefetch|overlap\n", argv[0]);
   return 2;
 }

@@ -37,14 +37,18 @@ __device__ __forceinline__ float Dot8(uint4 w, const X8& x, float acc) {
   return acc;
 }
 
-// The weight-streaming loop shared by every kernel here: warp g computes group g, R weight rows
+// The weight-streaming loop shared by every kernel here: group g is computed by kW warps of one
+// block, each over its own slice of k (whole 256-chunks; warp order = slice order): R weight rows
 // (bf16, length k, k % 8 == 0; a null row is skipped and sums to 0) each against its activation
-// vector, given by op.Rows(g, w, x), and ends with op.Finish(g, sums) (every lane holds the
-// sums). Each pass loads U chunks of 256 k of every row (R * U 16-byte loads per lane) before
-// using any. Small blocks and few loads per lane: the shapes measured best on the H200 for
-// 2-270 MB weights (bench/lab/decode_floor_lab.cu, bench/results/h200-2026-11-30b/lab/gemv.log:
-// many resident warps beat deep per-warp batches and 256-thread blocks; persistent
-// double-buffered warps were slower still, kernels_decode_v2_persistent.log).
+// vector, given by op.Rows(g, w, x); the slices' sums are added in slice order through shared
+// memory and the first warp ends with op.Finish(g, sums) (every lane holds the sums). Each pass
+// loads U chunks of 256 k of every row (R * U 16-byte loads per lane) before using any. Small
+// blocks, few loads per lane and two warps per row once k >= 2048 (StreamWarps): the shapes
+// measured best on the H200 (bench/lab/decode_floor_lab.cu; gemv.log: many resident warps beat
+// deep per-warp batches and 256-thread blocks, persistent double-buffered warps were slower
+// still; overlap.log: in a PDL chain of the step's 61 GEMVs, 2 warps per row with 2 loads per
+// pass took 778 us against 893 us for 1 warp with 4, and an L2 bulk prefetch of the rows before
+// the wait made every variant slower).
 //
 // Programmatic dependent launch (launched with LaunchPdl): the kernel lets its dependents launch
 // at once, and with kConstRows (the rows do not depend on earlier kernels: plain weights) it
@@ -53,15 +57,18 @@ __device__ __forceinline__ float Dot8(uint4 w, const X8& x, float acc) {
 // and every thread waits before it exits (so this grid never completes ahead of its
 // prerequisites, which a dependent launched early relies on). Activations are read with plain
 // (coherent) loads: they may have been written by the grid this one overlapped.
-template <int R, int U, bool kSharedX, bool kConstRows, class Op>
+template <int R, int U, int kW, bool kSharedX, bool kConstRows, class Op>
 __global__ void __launch_bounds__(kThreads) StreamKernel(const Op op, int64_t groups, int64_t k) {
+  static_assert(kWarps % kW == 0, "warps per group");
   PdlTrigger();
-  const int lane = threadIdx.x & 31;
-  const int64_t g = int64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5);
-  if (g >= groups) {
-    PdlWait();
-    return;
-  }
+  __shared__ float red[kWarps][R];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t g = int64_t{blockIdx.x} * (kWarps / kW) + warp / kW;
+  const bool live = g < groups;
+  // This warp's slice [k0, k1) of k.
+  const int64_t klen = kW == 1 ? k : ((k + kW - 1) / kW + kChunk - 1) / kChunk * kChunk;
+  const int64_t k0 = std::min<int64_t>(k, (warp % kW) * klen);
+  const int64_t k1 = std::min<int64_t>(k, k0 + klen);
   const __nv_bfloat16* w[R];
   const float* x[R];
   uint4 v[R][U];
@@ -71,7 +78,7 @@ __global__ void __launch_bounds__(kThreads) StreamKernel(const Op op, int64_t gr
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int64_t kk = base + u * kChunk + lane * 8;
-        v[r][u] = w[r] != nullptr && kk < k
+        v[r][u] = w[r] != nullptr && kk < k1
                       ? LoadWeights16(reinterpret_cast<const uint4*>(w[r] + kk))
                       : make_uint4(0, 0, 0, 0);
       }
@@ -84,7 +91,7 @@ __global__ void __launch_bounds__(kThreads) StreamKernel(const Op op, int64_t gr
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t kk = base + u * kChunk + lane * 8;
-      if (kk < k) {
+      if (kk < k1) {
         if constexpr (kSharedX) {
           const X8 xv = LoadX8(x[0] + kk);
 #pragma unroll
@@ -99,32 +106,63 @@ __global__ void __launch_bounds__(kThreads) StreamKernel(const Op op, int64_t gr
     }
   };
   if constexpr (kConstRows) {
-    op.Rows(g, w, x);
-    load(0);
+    if (live) {
+      op.Rows(g, w, x);
+      load(k0);
+    }
     PdlWait();
   } else {
     PdlWait();
-    op.Rows(g, w, x);
-    load(0);
+    if (live) {
+      op.Rows(g, w, x);
+      load(k0);
+    }
   }
   constexpr int64_t kPer = int64_t{U} * kChunk;
-  for (int64_t base = 0;;) {
-    use(base);
-    base += kPer;
-    if (base >= k) break;
-    load(base);
+  if (live && k0 < k1) {
+    for (int64_t base = k0;;) {
+      use(base);
+      base += kPer;
+      if (base >= k1) break;
+      load(base);
+    }
   }
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r] = WarpSum(acc[r]);
-  op.Finish(g, acc);
+  if constexpr (kW > 1) {
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) red[warp][r] = acc[r];
+    }
+    __syncthreads();
+    if (warp % kW != 0) return;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float sum = red[warp][r];
+#pragma unroll
+      for (int q = 1; q < kW; ++q) sum += red[warp + q][r];
+      acc[r] = sum;
+    }
+  }
+  if (live) op.Finish(g, acc);
 }
+
+// Warps per group for a k: two from 2048 on (each then streams at least 1024 of k), else one.
+constexpr int64_t kTwoWarpK = 2048;
 
 template <int R, int U, bool kSharedX, bool kConstRows, class Op>
 absl::Status LaunchStream(const Op& op, int64_t groups, int64_t k, cudaStream_t stream) {
   if (groups == 0) return absl::OkStatus();
-  CUDA_RETURN_IF_ERROR(LaunchPdl(StreamKernel<R, U, kSharedX, kConstRows, Op>,
-                                 dim3(static_cast<unsigned>((groups + kWarps - 1) / kWarps)),
-                                 dim3(kThreads), 0, stream, op, groups, k));
+  if (k >= kTwoWarpK) {
+    constexpr int kPerBlock = kWarps / 2;
+    CUDA_RETURN_IF_ERROR(LaunchPdl(StreamKernel<R, U, 2, kSharedX, kConstRows, Op>,
+                                   dim3(static_cast<unsigned>((groups + kPerBlock - 1) / kPerBlock)),
+                                   dim3(kThreads), 0, stream, op, groups, k));
+  } else {
+    CUDA_RETURN_IF_ERROR(LaunchPdl(StreamKernel<R, U, 1, kSharedX, kConstRows, Op>,
+                                   dim3(static_cast<unsigned>((groups + kWarps - 1) / kWarps)),
+                                   dim3(kThreads), 0, stream, op, groups, k));
+  }
   return absl::OkStatus();
 }
 
@@ -216,7 +254,7 @@ absl::Status RowGemvBf16(const float* x, int64_t k, const void* w, int64_t rows,
         "RowGemvBf16: needs k a positive multiple of 8, group_rows > 0 and 16-byte aligned x, w");
   }
   const GemvOp op{x, static_cast<const __nv_bfloat16*>(w), k, rows, group_rows, y};
-  return LaunchStream<1, 4, true, true>(op, rows, k, stream);
+  return LaunchStream<1, 2, true, true>(op, rows, k, stream);
 }
 
 bool MoeDecodeFits(const MoeDecodeArgs& a) {
