@@ -502,6 +502,73 @@ __global__ void __launch_bounds__(T) OverlapKernel(const float* x, const bf16* w
   }
 }
 
+// The expert kernels' shape: R rows per group, row r of group g = w[(r * groups + g) * k] (rows
+// far apart, as the slots of different experts are), each against its own x (x + r * k when
+// kOwnX, as the down projection's per-slot h), kW warps per group splitting k; sums in slot order.
+template <int R, int U, int kW, int T, bool kOwnX>
+__global__ void __launch_bounds__(T) MultiRowKernel(const float* x, const bf16* w, int64_t k,
+                                                    int64_t groups, float* y) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  __shared__ float part[T / 32][R];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t g = int64_t{blockIdx.x} * (T / 32 / kW) + warp / kW;
+  const int slice = warp % kW;
+  const int64_t klen = kW == 1 ? k : ((k + kW - 1) / kW + 255) / 256 * 256;
+  const int64_t k0 = slice * klen < k ? slice * klen : k;
+  const int64_t k1 = k0 + klen < k ? k0 + klen : k;
+  const bool live = g < groups;
+  float acc[R] = {};
+  uint4 v[R][U];
+  bool waited = false;
+  if (live) {
+    for (int64_t base = k0; base < k1; base += U * 256) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int64_t kk = base + u * 256 + lane * 8;
+          v[r][u] = kk < k1 ? LoadWeights(w + (r * groups + g) * k + kk) : make_uint4(0, 0, 0, 0);
+        }
+      }
+      if (!waited) {
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+        waited = true;
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t kk = base + u * 256 + lane * 8;
+        if (kk < k1) {
+#pragma unroll
+          for (int r = 0; r < R; ++r) acc[r] = Dot8(v[r][u], x + (kOwnX ? r * k : 0) + kk, acc[r]);
+        }
+      }
+    }
+  }
+  if (!waited) asm volatile("griddepcontrol.wait;" ::: "memory");
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = WarpSum(acc[r]);
+  if (kW > 1) {
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) part[warp][r] = acc[r];
+    }
+    __syncthreads();
+    if (slice != 0) return;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float sum = part[warp][r];
+      for (int q = 1; q < kW; ++q) sum += part[warp + q][r];
+      acc[r] = sum;
+    }
+  }
+  if (live && lane == 0) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int r = 0; r < R; ++r) sum += acc[r];
+    y[g] = sum;
+  }
+}
+
 // A small dependent op that lets its dependents launch at once (as the model's norms do).
 __global__ void TinyPdlKernel(const float* a, float* b) {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -575,10 +642,16 @@ int Overlap(cudaStream_t s) {
       {"W1 U2 T128", OverlapKernel<1, 2, 128, false>, 1, 128},
       {"W2 U2 T64", OverlapKernel<2, 2, 64, false>, 2, 64},
       {"W8 U1 T256", OverlapKernel<8, 1, 256, false>, 8, 256},
+      {"W2 U2 T256", OverlapKernel<2, 2, 256, false>, 2, 256},
+      {"W4 U2 T256", OverlapKernel<4, 2, 256, false>, 4, 256},
+      {"W2 U3 T128", OverlapKernel<2, 3, 128, false>, 2, 128},
   };
-  const std::vector<Shape> singles = {{"q_a", 1024, 4096},   {"q_b", 32768, 1024},
-                                      {"o_b", 4096, 8192},   {"o_a", 8192, 4096},
-                                      {"sh_gu", 4096, 4096}, {"sh_dn", 4096, 2048}};
+  // ex_gu6 / ex_dn7: the 6 routed experts' gate/up rows and the 7 slots' down rows stacked as
+  // one GEMV each (what the single-token expert kernels stream).
+  const std::vector<Shape> singles = {{"q_a", 1024, 4096},      {"q_b", 32768, 1024},
+                                      {"o_b", 4096, 8192},      {"o_a", 8192, 4096},
+                                      {"sh_gu", 4096, 4096},    {"sh_dn", 4096, 2048},
+                                      {"ex_gu6", 24576, 4096},  {"ex_dn7", 28672, 2048}};
   std::printf("PDL chains of one shape (8 calls in a graph), us per call (GB/s); W warps per row, "
               "pf = L2 bulk prefetch of the rows before the wait\n%-16s", "variant");
   for (const Shape& sh : singles) std::printf(" %16s", sh.name);
@@ -593,6 +666,51 @@ int Overlap(cudaStream_t s) {
     }
     std::printf("\n");
   }
+  // The experts at one token: gate/up of 6 routed slots (2 rows per group, shared x) and the
+  // down projection of 7 slots (7 rows per group, one x per slot), each 8 calls in a PDL graph.
+  struct MultiVariant {
+    const char* name;
+    RowsFn gu, dn;
+    int kw, threads;
+  };
+  const std::vector<MultiVariant> multi = {
+      {"W1 U2 T128", MultiRowKernel<2, 2, 1, 128, false>, MultiRowKernel<7, 1, 1, 128, true>, 1, 128},
+      {"W2 U2 T128 (now)", MultiRowKernel<2, 2, 2, 128, false>, MultiRowKernel<7, 1, 2, 128, true>, 2, 128},
+      {"W2 U1 T128", MultiRowKernel<2, 1, 2, 128, false>, MultiRowKernel<7, 1, 2, 128, true>, 2, 128},
+      {"W2 U2 T256", MultiRowKernel<2, 2, 2, 256, false>, MultiRowKernel<7, 1, 2, 256, true>, 2, 256},
+      {"W2 U1 T256", MultiRowKernel<2, 1, 2, 256, false>, MultiRowKernel<7, 1, 2, 256, true>, 2, 256},
+      {"W4 U1 T256", MultiRowKernel<2, 1, 4, 256, false>, MultiRowKernel<7, 1, 4, 256, true>, 4, 256},
+      {"W4 U2 T256", MultiRowKernel<2, 2, 4, 256, false>, MultiRowKernel<7, 1, 4, 256, true>, 4, 256},
+      {"W8 U1 T256", MultiRowKernel<2, 1, 8, 256, false>, MultiRowKernel<7, 1, 8, 256, true>, 8, 256},
+  };
+  std::printf("\nexperts at one token, PDL graph of 8 calls: gate/up 6 slots (R2, 201 MB), down 7 "
+              "slots (R7, 117 MB), us per call (GB/s)\n");
+  for (const MultiVariant& v : multi) {
+    auto launch = [&](RowsFn fn, int64_t k, int64_t groups) {
+      const int64_t per_block = v.threads / 32 / v.kw;
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(static_cast<unsigned>((groups + per_block - 1) / per_block));
+      cfg.blockDim = dim3(v.threads);
+      cfg.stream = s;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[0].val.programmaticStreamSerializationAllowed = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      LAB_CHECK(cudaLaunchKernelEx(&cfg, fn, x, pool, k, groups, y));
+    };
+    const double gu = GraphMicros(s, 20, [&] { for (int i = 0; i < 8; ++i) launch(v.gu, 4096, 6 * 2048); }) / 8;
+    const double dn = GraphMicros(s, 20, [&] { for (int i = 0; i < 8; ++i) launch(v.dn, 2048, 4096); }) / 8;
+    const double both = GraphMicros(s, 20, [&] {
+                          for (int i = 0; i < 8; ++i) {
+                            launch(v.gu, 4096, 6 * 2048);
+                            launch(v.dn, 2048, 4096);
+                          }
+                        }) / 8;
+    std::printf("%-18s gate/up %6.1f (%5.0f)  down %6.1f (%5.0f)  pair %6.1f us\n", v.name, gu,
+                201.3e3 / gu, dn, 117.4e3 / dn, both);
+  }
+
   std::printf("\ngraph of the decode chain (PDL): %zu GEMVs, %.1f MB, roofline %.1f us; tiny=1 "
               "puts a small PDL kernel (triggering at once) before each GEMV\n",
               chain.size(), total * 2 / 1e6, total * 2 / 4.8e6);

@@ -214,47 +214,86 @@ int64_t SplitLen(const AttentionDims& s, int splits) {
   return (per + kChunk - 1) / kChunk * kChunk;
 }
 
-// Merges the splits of (token, head) = (blockIdx.x, blockIdx.y) with the sink; the trailing
-// s.out_rope_dims channels leave rotated (RopeRotate at the token's position, pairs per thread).
-__global__ void CombineKernel(AttentionDims s, const int32_t* positions, int splits,
-                              const float* part, const float* sinks, float* out) {
+// Merges the splits of (token, head) = (blockIdx.x, blockIdx.y) with the sink, one thread per
+// output channel (blockDim = dim); the trailing s.out_rope_dims channels leave rotated
+// (RopeRotate at the token's position, the pair's other value from the neighbouring lane). Warp 0
+// first computes each split's scale exp(m_z - m) and the denominator once (shared memory); each
+// thread then loads its channel of 8 splits at a time before adding them, in split order: the
+// products and sums of the per-element loop this replaced (which recomputed the exps and
+// serialised its loads: 22 us for a CSA head group at 20 splits, 11 us at 4-5), same bits.
+__global__ void __launch_bounds__(512) CombineKernel(AttentionDims s, const int32_t* positions,
+                                                     int splits, const float* part,
+                                                     const float* sinks, float* out) {
+  __shared__ float scale[kMaxSplits], lsum[kMaxSplits];
+  __shared__ bool valid[kMaxSplits];
+  __shared__ float s_denom;
   const int64_t t = blockIdx.x, h = blockIdx.y, heads = s.heads, dim = s.dim;
-  const float* pp = part + (t * heads + h) * splits * (dim + 2);
-  const float sink = sinks[h];
-  float m = sink;
-  for (int z = 0; z < splits; ++z) m = fmaxf(m, pp[z * (dim + 2) + dim]);
-  float denom = expf(sink - m);
-  for (int z = 0; z < splits; ++z) {
-    const float mz = pp[z * (dim + 2) + dim];
-    if (mz > -INFINITY) denom += pp[z * (dim + 2) + dim + 1] * expf(mz - m);
-  }
-  auto value = [&](int64_t i) {
-    float acc = 0.0f;
-    for (int z = 0; z < splits; ++z) {
-      const float mz = pp[z * (dim + 2) + dim];
-      if (mz > -INFINITY) acc += pp[z * (dim + 2) + i] * expf(mz - m);
+  const int64_t stride = dim + 2;
+  const float* pp = part + (t * heads + h) * splits * stride;
+  if (threadIdx.x < 32) {
+    // The running max over the sink and the splits (fmaxf: any order gives the same bits), each
+    // split's scale and softmax sum, then the denominator in split order on lane 0.
+    const int lane = threadIdx.x;
+    const float sink = sinks[h];
+    float m = -INFINITY;
+    for (int z = lane; z < splits; z += 32) m = fmaxf(m, pp[z * stride + dim]);
+    m = fmaxf(sink, WarpMax(m));
+    for (int z = lane; z < splits; z += 32) {
+      const float mz = pp[z * stride + dim];
+      valid[z] = mz > -INFINITY;
+      scale[z] = valid[z] ? expf(mz - m) : 0.0f;
+      lsum[z] = valid[z] ? pp[z * stride + dim + 1] : 0.0f;
     }
-    return acc / denom;
-  };
-  float* o = out + (t * heads + h) * dim;
-  const int64_t first = dim - s.out_rope_dims;
-  for (int64_t i = threadIdx.x; i < first; i += blockDim.x) o[i] = value(i);
-  if (s.out_rope_dims == 0) return;
-  const float pos = static_cast<float>(positions[t]);
-  for (int64_t p = threadIdx.x; p < s.out_rope_dims / 2; p += blockDim.x) {
-    const float2 y = RopeRotate(value(first + 2 * p), value(first + 2 * p + 1), pos,
-                                s.out_rope_freq[p], s.out_rope_inverse);
-    o[first + 2 * p] = y.x;
-    o[first + 2 * p + 1] = y.y;
+    __syncwarp();
+    if (lane == 0) {
+      float denom = expf(sink - m);
+      for (int z = 0; z < splits; ++z) {
+        if (valid[z]) denom += lsum[z] * scale[z];
+      }
+      s_denom = denom;
+    }
   }
+  __syncthreads();
+  const int64_t i = threadIdx.x;
+  float acc = 0.0f;
+  if (i < dim) {
+    int z = 0;
+    for (; z + 8 <= splits; z += 8) {
+      float v[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) v[u] = pp[(z + u) * stride + i];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        if (valid[z + u]) acc += v[u] * scale[z + u];
+      }
+    }
+    for (; z < splits; ++z) {
+      if (valid[z]) acc += pp[z * stride + i] * scale[z];
+    }
+  }
+  float val = acc / s_denom;
+  if (s.out_rope_dims > 0) {
+    // Every lane takes part in the exchange (blockDim is a multiple of 32, no thread has left).
+    const float other = __shfl_xor_sync(0xffffffffu, val, 1);
+    const int64_t first = dim - s.out_rope_dims;
+    if (i >= first && i < dim) {
+      const bool even = ((i - first) & 1) == 0;
+      const float2 y = RopeRotate(even ? val : other, even ? other : val,
+                                  static_cast<float>(positions[t]),
+                                  s.out_rope_freq[(i - first) / 2], s.out_rope_inverse);
+      val = even ? y.x : y.y;
+    }
+  }
+  if (i < dim) out[(t * heads + h) * dim + i] = val;
 }
 
 // After the main kernel: the combine of the splits (with the output RoPE), or the RoPE alone.
 absl::Status Finish(const AttentionDims& s, const RaggedBatchView& b, int splits,
                     const float* workspace, const float* sinks, float* out, cudaStream_t stream) {
   if (splits > 1) {
-    CombineKernel<<<dim3(static_cast<unsigned>(b.num_tokens), static_cast<unsigned>(s.heads)), 128,
-                    0, stream>>>(s, b.positions, splits, workspace, sinks, out);
+    const unsigned threads = static_cast<unsigned>((s.dim + 31) / 32 * 32);
+    CombineKernel<<<dim3(static_cast<unsigned>(b.num_tokens), static_cast<unsigned>(s.heads)),
+                    threads, 0, stream>>>(s, b.positions, splits, workspace, sinks, out);
     CUDA_RETURN_IF_LAUNCH_ERROR();
     return absl::OkStatus();
   }

@@ -10,7 +10,7 @@
 namespace dsv4::cuda {
 namespace {
 
-constexpr int kThreads = 128;
+constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kChunk = 256;  // k per warp pass: 32 lanes x 8 bf16 (one 16-byte load each)
 
@@ -42,12 +42,12 @@ __device__ __forceinline__ float Dot8(uint4 w, const X8& x, float acc) {
 // (bf16, length k, k % 8 == 0; a null row is skipped and sums to 0) each against its activation
 // vector, given by op.Rows(g, w, x); the slices' sums are added in slice order through shared
 // memory and the first warp ends with op.Finish(g, sums) (every lane holds the sums). Each pass
-// loads U chunks of 256 k of every row (R * U 16-byte loads per lane) before using any. Small
-// blocks, few loads per lane and two warps per row once k >= 2048 (StreamWarps): the shapes
-// measured best on the H200 (bench/lab/decode_floor_lab.cu; gemv.log: many resident warps beat
-// deep per-warp batches and 256-thread blocks, persistent double-buffered warps were slower
-// still; overlap.log: in a PDL chain of the step's 61 GEMVs, 2 warps per row with 2 loads per
-// pass took 778 us against 893 us for 1 warp with 4, and an L2 bulk prefetch of the rows before
+// loads U chunks of 256 k of every row (R * U 16-byte loads per lane) before using any. Few
+// loads per lane and two warps per row once k >= 2048 (kTwoWarpK): the shapes measured best on
+// the H200 (bench/lab/decode_floor_lab.cu; gemv.log: many resident warps beat deep per-warp
+// batches, persistent double-buffered warps were slower still; overlap*.log, in a PDL graph of
+// the step's 61 GEMVs: 1 warp per row with 4 loads per pass 893 us, 2 warps with 2 loads 778 us
+// in 128-thread blocks and 741 us in 256-thread blocks; an L2 bulk prefetch of the rows before
 // the wait made every variant slower).
 //
 // Programmatic dependent launch (launched with LaunchPdl): the kernel lets its dependents launch

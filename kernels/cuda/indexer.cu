@@ -26,9 +26,9 @@ __global__ void SelectAllKernel(IndexerDims s, RaggedBatchView b, int32_t* out) 
   }
 }
 
-// Scores: a block covers kScoreEntries (32) consecutive entries; warp g of the block computes the
-// head group [g*kHpt, (g+1)*kHpt) for all 32 entries (lane = entry), so that small candidate counts
-// still spread over many SMs. Per head, the dot product is accumulated exactly as before (4-wide
+// Scores: a block covers kScoreEntries (32) consecutive entries, staged in shared memory by the
+// whole block; warp g of the block computes the head group [g*kHpt, (g+1)*kHpt) for all 32
+// entries (lane = entry), so that small candidate counts still spread over many SMs. Per head, the dot product is accumulated exactly as before (4-wide
 // partial sums in ascending d, then added), ReLU·score_scale is staged in shared memory and one warp
 // sums the heads in ascending order: bitwise the same scores as the one-thread-per-entry kernel.
 constexpr int kScoreEntries = 32;
@@ -36,7 +36,9 @@ constexpr int64_t kMaxScoreBlocks = 16384;
 
 template <int kHeads>
 struct ScoreCfg {
-  static constexpr int kHpt = kHeads < 16 ? kHeads : 16;  // heads per thread
+  // Heads per thread: 4 (16 warps a block for 64 heads) keeps the serial dot-product work per
+  // thread short; the block count is small at decode (one per 32 candidates).
+  static constexpr int kHpt = kHeads < 4 ? kHeads : 4;
   static constexpr int kGroups = kHeads / kHpt;
   static constexpr int kThreads = 32 * kGroups;
 };
@@ -47,7 +49,7 @@ __global__ void __launch_bounds__(ScoreCfg<kHeads>::kThreads)
                 const float* keys, int64_t max_visible, float* scores) {
   using Cfg = ScoreCfg<kHeads>;
   constexpr int kHpt = Cfg::kHpt;
-  extern __shared__ float4 sq4[];  // [kHeads, dim/4]
+  extern __shared__ float4 sq4[];  // [kHeads, dim/4], then the chunk's keys [32, dim/4 + 1]
   __shared__ float sw[kHeads];
   __shared__ float spart[kHeads][kScoreEntries];
   const int32_t t = blockIdx.y;
@@ -85,8 +87,23 @@ __global__ void __launch_bounds__(ScoreCfg<kHeads>::kThreads)
   for (int64_t e0 = static_cast<int64_t>(blockIdx.x) * kScoreEntries; e0 < v;
        e0 += static_cast<int64_t>(gridDim.x) * kScoreEntries) {
   const int64_t e = e0 + lane;
+  // The chunk's keys staged in shared memory by the whole block (one round trip instead of a
+  // serial chain of loads per lane); rows padded by one float4 so the lanes' reads of one column
+  // fall in different banks.
+  float4* sk = sq4 + n4;
+  const int ld = dim4 + 1;
+  __syncthreads();  // the previous chunk's reads of sk are done
+  for (int f = threadIdx.x; f < kScoreEntries * dim4; f += Cfg::kThreads) {
+    const int j = f / dim4, c = f % dim4;
+    if (e0 + j < v) {
+      const float4* row = reinterpret_cast<const float4*>(
+          keys + EntryRow(b, b.token_seq[t], e0 + j, s.ratio) * s.dim);
+      sk[j * ld + c] = row[c];
+    }
+  }
+  __syncthreads();
   if (e < v) {
-    const float4* k4 = reinterpret_cast<const float4*>(keys + EntryRow(b, b.token_seq[t], e, s.ratio) * s.dim);
+    const float4* k4 = sk + lane * ld;
     const float4* qg = sq4 + group * kHpt * dim4;
     float dot[kHpt];
 #pragma unroll
@@ -348,7 +365,8 @@ absl::Status IndexerTopK(const IndexerDims& s, const RaggedBatchView& b, const f
     const int64_t per_token = std::max<int64_t>(1, kMaxScoreBlocks / b.num_tokens);
     const dim3 grid(static_cast<unsigned>(std::min(chunks, per_token)),
                     static_cast<unsigned>(b.num_tokens));
-    const size_t smem = sizeof(float) * static_cast<size_t>(s.heads * s.dim);
+    const size_t smem = sizeof(float) * static_cast<size_t>(s.heads * s.dim) +
+                        sizeof(float4) * static_cast<size_t>(kScoreEntries * (s.dim / 4 + 1));
     decltype(&ScoreKernel<4>) kernel = nullptr;
     switch (s.heads) {
       case 4: kernel = ScoreKernel<4>; break;

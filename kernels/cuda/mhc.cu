@@ -382,9 +382,11 @@ __global__ void __launch_bounds__(kFinThreads)
 
 // HcFinalKernel and the RMSNorm that follows it, one block per token: thread i collapses float4
 // i of the row (Collapse4), the block sums its squares in double exactly as RmsNormRegKernel
-// (same block shape, same BlockSumD tree) and writes the normalised row; for HcPre warp 0 then
-// computes post and comb. Bit-identical to HcPre / HcHead followed by RmsNorm. Needs
-// D % 4 == 0, D <= 4096 and 16-byte aligned hs, normed, norm_w (HcNormFits).
+// (same block shape, same BlockSumD tree) and writes the normalised row. For HcPre a second
+// block per token (blockIdx.y = 1) computes post and comb on one warp at the same time (the
+// Sinkhorn is a serial chain of shuffles, as long as the rest). Bit-identical to HcPre / HcHead
+// followed by RmsNorm. Needs D % 4 == 0, D <= 4096 and 16-byte aligned hs, normed, norm_w
+// (HcNormFits).
 template <int kN, bool kPre>
 __global__ void __launch_bounds__(1024)
     HcFinalNormKernel(HcDims d, const float* hs, const float* mix_parts, int64_t nparts,
@@ -397,13 +399,21 @@ __global__ void __launch_bounds__(1024)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int warps = blockDim.x >> 5;
   const int64_t t = blockIdx.x;
-  for (int q = warp; q < kVals; q += warps) {
-    const float s = PartSum(mix_parts, nparts, d.tokens, t, kVals, q, lane);
-    if (lane == 0) vals[q] = s;
+  const bool sink = kPre && blockIdx.y == 1;
+  // The norm block needs the n pre rows and Σ hs² (value kRows); the Sinkhorn block all of them.
+  const int need = sink ? kVals : kN + 1;
+  for (int q = warp; q < need; q += warps) {
+    const int r = sink || q < kN ? q : kRows;
+    const float s = PartSum(mix_parts, nparts, d.tokens, t, kVals, r, lane);
+    if (lane == 0) vals[r] = s;
   }
   __syncthreads();
   const int64_t nd = kN * d.dim;
   const float inv = 1.0f / sqrtf(vals[kRows] / static_cast<float>(nd) + d.norm_eps);
+  if (sink) {
+    if (warp == 0) PostAndComb<kN>(vals, inv, base, scale, d, t, lane, post, comb);
+    return;
+  }
   float pre[kN];
   PreGates<kN>(vals, inv, base, scale, d.hc_eps, pre);
   const int i = threadIdx.x;
@@ -417,9 +427,6 @@ __global__ void __launch_bounds__(1024)
   const float4 o = RmsNormalize4(a, wv, norm_w != nullptr, static_cast<int>(d.dim), rms_eps,
                                  scratch);
   if (i < n4) reinterpret_cast<float4*>(normed + t * d.dim)[i] = o;
-  if constexpr (kPre) {
-    if (warp == 0) PostAndComb<kN>(vals, inv, base, scale, d, t, lane, post, comb);
-  }
 }
 
 // out[t, k] = post[t, k] f[t] + Σ_j comb[t, j, k] hs[t, j], 4 columns of all n outputs per thread
@@ -580,7 +587,8 @@ absl::Status LaunchFinalNorm(const HcDims& d, const float* hs, const float* mix_
   switch (d.n) {
 #define DSV4_HC_FINAL_NORM(N)                                                            \
   case N:                                                                                \
-    HcFinalNormKernel<N, kPre><<<static_cast<unsigned>(d.tokens), threads, 0, stream>>>( \
+    HcFinalNormKernel<N, kPre><<<dim3(static_cast<unsigned>(d.tokens), kPre ? 2 : 1), threads, 0, \
+                                 stream>>>(                                              \
         d, hs, mix_parts, parts, base, scale, norm_w, rms_eps, normed, post, comb);     \
     break;
     DSV4_HC_FINAL_NORM(1)
