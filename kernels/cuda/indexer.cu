@@ -249,6 +249,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1)
       const int rem = s_remaining;
       const unsigned ball = __ballot_sync(0xffffffffu, incl >= rem);
       const int owner = ball != 0 ? __ffs(ball) - 1 : 31;
+      __syncwarp();  // every lane has read s_remaining before the owner rewrites it
       if (lane == owner) {
         int cum = incl - sum;
         int bin = 0;
