@@ -124,19 +124,28 @@ Variant MakeVariant(const char* name) {
   return Variant{name, RowsKernel<R, U, T, false>, RowsKernel<R, U, T, true>, R, T};
 }
 
-void LaunchRows(const Variant& v, bool pdl, cudaStream_t s, const float* x, const bf16* w,
-                int64_t k, int64_t rows, float* y) {
-  const int64_t per_block = int64_t{v.threads / 32} * v.rows_per_warp;
+// Launches `fn` on `s` over `blocks` blocks of `threads`, with programmatic dependent launch when
+// `pdl` (every lab launch goes through here).
+template <class... Kernel, class... Args>
+void Launch(void (*fn)(Kernel...), int64_t blocks, int threads, bool pdl, cudaStream_t s,
+            Args... args) {
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>((rows + per_block - 1) / per_block));
-  cfg.blockDim = dim3(v.threads);
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+  cfg.blockDim = dim3(threads);
   cfg.stream = s;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  LAB_CHECK(cudaLaunchKernelEx(&cfg, pdl ? v.pdl : v.plain, x, w, k, rows, y));
+  LAB_CHECK(cudaLaunchKernelEx(&cfg, fn, args...));
+}
+
+void LaunchRows(const Variant& v, bool pdl, cudaStream_t s, const float* x, const bf16* w,
+                int64_t k, int64_t rows, float* y) {
+  const int64_t per_block = int64_t{v.threads / 32} * v.rows_per_warp;
+  Launch(pdl ? v.pdl : v.plain, (rows + per_block - 1) / per_block, v.threads, pdl, s, x, w, k,
+         rows, y);
 }
 
 // Microseconds per call of `issue` (3 warm-up calls, then `iters` timed ones).
@@ -185,7 +194,9 @@ T* DeviceFill(size_t count, int byte) {
   return p;
 }
 
-int Gemv(cudaStream_t s) {
+// The weights a batch-1 step streams, as GEMV shapes in order: per layer the attention
+// projections, the router, the shared expert and 6 routed experts; 3 layers, then lm_head.
+std::vector<Shape> DecodeChain() {
   std::vector<Shape> layer = {{"q_a", 1024, 4096},  {"q_b", 32768, 1024},   {"kv", 512, 4096},
                               {"o_a", 8192, 4096},  {"o_b", 4096, 8192},    {"router", 256, 4096},
                               {"sh_gu", 4096, 4096}, {"sh_dn", 4096, 2048}};
@@ -196,6 +207,11 @@ int Gemv(cudaStream_t s) {
   std::vector<Shape> chain;
   for (int l = 0; l < 3; ++l) chain.insert(chain.end(), layer.begin(), layer.end());
   chain.push_back({"lm_head", 129280, 4096});
+  return chain;
+}
+
+int Gemv(cudaStream_t s) {
+  const std::vector<Shape> chain = DecodeChain();
   size_t total = 0;
   for (const Shape& c : chain) total += c.n * c.k;
   bf16* pool = DeviceFill<bf16>(total, 0x3c);
@@ -585,42 +601,15 @@ struct OverlapVariant {
 void LaunchPdlRows(const OverlapVariant& v, cudaStream_t s, const float* x, const bf16* w,
                    int64_t k, int64_t rows, float* y) {
   const int64_t per_block = v.threads / 32 / v.warps_per_row;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>((rows + per_block - 1) / per_block));
-  cfg.blockDim = dim3(v.threads);
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  LAB_CHECK(cudaLaunchKernelEx(&cfg, v.fn, x, w, k, rows, y));
+  Launch(v.fn, (rows + per_block - 1) / per_block, v.threads, true, s, x, w, k, rows, y);
 }
 
 void LaunchTinyPdl(cudaStream_t s, const float* a, float* b) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(1);
-  cfg.blockDim = dim3(256);
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  LAB_CHECK(cudaLaunchKernelEx(&cfg, TinyPdlKernel, a, b));
+  Launch(TinyPdlKernel, 1, 256, true, s, a, b);
 }
 
 int Overlap(cudaStream_t s) {
-  std::vector<Shape> layer = {{"q_a", 1024, 4096},  {"q_b", 32768, 1024},   {"kv", 512, 4096},
-                              {"o_a", 8192, 4096},  {"o_b", 4096, 8192},    {"router", 256, 4096},
-                              {"sh_gu", 4096, 4096}, {"sh_dn", 4096, 2048}};
-  for (int e = 0; e < 6; ++e) {
-    layer.push_back({"ex_gu", 4096, 4096});
-    layer.push_back({"ex_dn", 4096, 2048});
-  }
-  std::vector<Shape> chain;
-  for (int l = 0; l < 3; ++l) chain.insert(chain.end(), layer.begin(), layer.end());
-  chain.push_back({"lm_head", 129280, 4096});
+  const std::vector<Shape> chain = DecodeChain();
   size_t total = 0;
   for (const Shape& c : chain) total += c.n * c.k;
   bf16* pool = DeviceFill<bf16>(total, 0x3c);
@@ -688,16 +677,8 @@ int Overlap(cudaStream_t s) {
   for (const MultiVariant& v : multi) {
     auto launch = [&](RowsFn fn, int64_t k, int64_t groups) {
       const int64_t per_block = v.threads / 32 / v.kw;
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(static_cast<unsigned>((groups + per_block - 1) / per_block));
-      cfg.blockDim = dim3(v.threads);
-      cfg.stream = s;
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attr[0].val.programmaticStreamSerializationAllowed = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      LAB_CHECK(cudaLaunchKernelEx(&cfg, fn, x, pool, k, groups, y));
+      Launch(fn, (groups + per_block - 1) / per_block, v.threads, true, s,
+             static_cast<const float*>(x), static_cast<const bf16*>(pool), k, groups, y);
     };
     const double gu = GraphMicros(s, 20, [&] { for (int i = 0; i < 8; ++i) launch(v.gu, 4096, 6 * 2048); }) / 8;
     const double dn = GraphMicros(s, 20, [&] { for (int i = 0; i < 8; ++i) launch(v.dn, 2048, 4096); }) / 8;

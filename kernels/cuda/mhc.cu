@@ -331,6 +331,37 @@ __device__ __forceinline__ float4 Collapse4(const float (&pre)[kN], const float*
   return acc;
 }
 
+// The start shared by the final kernels, for token t = blockIdx.x: the block's warps sum the mix
+// values it needs (PartSum; the pre rows and Σ hs² (value kRows), or every value for the
+// Sinkhorn block) into vals and apply the RMS scale. The Sinkhorn block (`sink`, HcPre only)
+// then writes post and comb on warp 0 and this returns false (the block is done); any other
+// block gets the pre gates. Every thread of the block must call it (one barrier).
+template <int kN, bool kPre>
+__device__ __forceinline__ bool FinalGates(const HcDims& d, const float* mix_parts,
+                                           int64_t nparts, const float* base, const float* scale,
+                                           bool sink, int warps, float* vals, float* post,
+                                           float* comb, float (&pre)[kN]) {
+  constexpr int kRows = kPre ? (2 + kN) * kN : kN;
+  constexpr int kVals = kRows + 1;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t t = blockIdx.x;
+  const int need = sink ? kVals : kN + 1;
+  for (int q = warp; q < need; q += warps) {
+    const int r = sink || q < kN ? q : kRows;
+    const float s = PartSum(mix_parts, nparts, d.tokens, t, kVals, r, lane);
+    if (lane == 0) vals[r] = s;
+  }
+  __syncthreads();
+  const int64_t nd = kN * d.dim;
+  const float inv = 1.0f / sqrtf(vals[kRows] / static_cast<float>(nd) + d.norm_eps);
+  if (sink) {
+    if (warp == 0) PostAndComb<kN>(vals, inv, base, scale, d, t, lane, post, comb);
+    return false;
+  }
+  PreGates<kN>(vals, inv, base, scale, d.hc_eps, pre);
+  return true;
+}
+
 // Grid (T, col_blocks [+ 1]). Every block sums the parts it needs for its token (PartSum) and
 // applies the RMS scale. Blocks y < col_blocks compute the pre gates and collapse 4·kFinThreads
 // columns; for HcPre, block y = col_blocks computes post and runs the Sinkhorn on one warp, in
@@ -345,24 +376,14 @@ __global__ void __launch_bounds__(kFinThreads)
   constexpr int kRows = kPre ? (2 + kN) * kN : kN;
   constexpr int kVals = kRows + 1;  // the last one: Σ hs²
   __shared__ float vals[kVals];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t t = blockIdx.x;
   const bool sink = kPre && blockIdx.y == col_blocks;
-  const int need = sink ? kVals : kN + 1;
-  for (int q = warp; q < need; q += kFinThreads / 32) {
-    const int r = sink || q < kN ? q : kRows;
-    const float s = PartSum(mix_parts, nparts, d.tokens, t, kVals, r, lane);
-    if (lane == 0) vals[r] = s;
-  }
-  __syncthreads();
-  const int64_t nd = kN * d.dim;
-  const float inv = 1.0f / sqrtf(vals[kRows] / static_cast<float>(nd) + d.norm_eps);
-  if (sink) {
-    if (warp == 0) PostAndComb<kN>(vals, inv, base, scale, d, t, lane, post, comb);
+  float pre[kN];
+  if (!FinalGates<kN, kPre>(d, mix_parts, nparts, base, scale, sink, kFinThreads / 32, vals, post,
+                            comb, pre)) {
     return;
   }
-  float pre[kN];
-  PreGates<kN>(vals, inv, base, scale, d.hc_eps, pre);
+  const int64_t nd = kN * d.dim;
   // out[i] = Σ_j pre[j] · f[j, i], the streams collapsed with the gates, 4 columns per thread.
   const float* f = hs + t * nd;
   float* o = out + t * d.dim;
@@ -396,26 +417,15 @@ __global__ void __launch_bounds__(1024)
   constexpr int kVals = kRows + 1;
   __shared__ float vals[kVals];
   __shared__ double scratch[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int warps = blockDim.x >> 5;
   const int64_t t = blockIdx.x;
   const bool sink = kPre && blockIdx.y == 1;
-  // The norm block needs the n pre rows and Σ hs² (value kRows); the Sinkhorn block all of them.
-  const int need = sink ? kVals : kN + 1;
-  for (int q = warp; q < need; q += warps) {
-    const int r = sink || q < kN ? q : kRows;
-    const float s = PartSum(mix_parts, nparts, d.tokens, t, kVals, r, lane);
-    if (lane == 0) vals[r] = s;
-  }
-  __syncthreads();
-  const int64_t nd = kN * d.dim;
-  const float inv = 1.0f / sqrtf(vals[kRows] / static_cast<float>(nd) + d.norm_eps);
-  if (sink) {
-    if (warp == 0) PostAndComb<kN>(vals, inv, base, scale, d, t, lane, post, comb);
+  float pre[kN];
+  if (!FinalGates<kN, kPre>(d, mix_parts, nparts, base, scale, sink, warps, vals, post, comb,
+                            pre)) {
     return;
   }
-  float pre[kN];
-  PreGates<kN>(vals, inv, base, scale, d.hc_eps, pre);
+  const int64_t nd = kN * d.dim;
   const int i = threadIdx.x;
   const int n4 = static_cast<int>(d.dim >> 2);
   float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
