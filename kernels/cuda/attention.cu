@@ -291,6 +291,9 @@ __global__ void __launch_bounds__(512) CombineKernel(AttentionDims s, const int3
 absl::Status Finish(const AttentionDims& s, const RaggedBatchView& b, int splits,
                     const float* workspace, const float* sinks, float* out, cudaStream_t stream) {
   if (splits > 1) {
+    if (s.dim > 512) {  // one combine thread per channel (__launch_bounds__(512))
+      return absl::UnimplementedError("attention combine: head_dim above 512");
+    }
     const unsigned threads = static_cast<unsigned>((s.dim + 31) / 32 * 32);
     CombineKernel<<<dim3(static_cast<unsigned>(b.num_tokens), static_cast<unsigned>(s.heads)),
                     threads, 0, stream>>>(s, b.positions, splits, workspace, sinks, out);

@@ -549,10 +549,21 @@ absl::Status HcMix(const float* hs, int64_t tokens, int64_t nd, const float* fn,
   return absl::OkStatus();
 }
 
+namespace {
+// Whether [a, a + na) and [b, b + nb) (floats) share memory.
+bool Overlap(const float* a, int64_t na, const float* b, int64_t nb) {
+  return a < b + nb && b < a + na;
+}
+}  // namespace
+
 bool HcPostMixFits(const HcDims& d, int64_t rows, const float* hs, const float* f,
                    const float* out, const float* fn) {
+  // The fused kernel reads every stream of hs and f while other blocks write out: out must not
+  // overlap either (the unfused HcPost only needs out != hs).
+  const int64_t streams = d.tokens * d.n * d.dim;
   return d.n == 4 && rows == 24 && d.dim % 4 == 0 && Aligned16(hs) && Aligned16(f) &&
-         Aligned16(out) && Aligned16(fn);
+         Aligned16(out) && Aligned16(fn) && !Overlap(out, streams, hs, streams) &&
+         !Overlap(out, streams, f, d.tokens * d.dim);
 }
 
 absl::Status HcPostMix(const HcDims& d, const float* hs, const float* f, const float* post,
@@ -576,7 +587,7 @@ absl::Status HcPostMix(const HcDims& d, const float* hs, const float* f, const f
 }
 
 bool HcNormFits(const HcDims& d, const float* hs, const float* normed, const float* norm_w) {
-  return d.n >= 1 && d.n <= kMaxN && d.dim % 4 == 0 && d.dim <= 4096 && Aligned16(hs) &&
+  return d.n >= 1 && d.n <= kMaxN && d.dim > 0 && d.dim % 4 == 0 && d.dim <= 4096 && Aligned16(hs) &&
          Aligned16(normed) && Aligned16(norm_w);
 }
 

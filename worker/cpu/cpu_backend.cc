@@ -300,6 +300,7 @@ absl::Status CpuBackend::Attention(const AttentionParams& p, const Tensor& q, co
   const bool compressed = p.ratio > 0;
   RETURN_IF_ERROR(op_checks::Attention(p, q, kv, ring, entries, selected, sinks, out, view_.num_tokens,
                                          view_.block_size));
+  if (p.out_rope.rope_dims > 0) RETURN_IF_ERROR(op_checks::Rope(out, p.out_rope, view_.num_tokens));
   AttentionShape s;
   s.heads = q.dim(1);
   s.dim = q.dim(2);

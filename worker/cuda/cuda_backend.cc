@@ -815,7 +815,7 @@ absl::Status CudaBackend::MoeExperts(const Tensor& u, const Tensor& idx, const T
                                   w.shared_down.dim(1) == a.inter)) &&
                      cuda::MoeDecodeFits(a);
   // A piecewise replay skips the launches but must make the same model-scratch allocations as
-  // its capture (the unfused shared expert allocates three): decide first, skip after.
+  // its capture (the unfused shared expert allocates model scratch): decide first, skip after.
   if (skip()) return fused ? absl::OkStatus() : AddSharedExpert(*this, u, w, swiglu_limit, out);
   if (fused) {
     ProfileScope prof(profile_.get(), cur_stream(), "MoeExperts", u, gate_up);

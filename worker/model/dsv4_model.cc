@@ -567,8 +567,10 @@ absl::StatusOr<Tensor> Dsv4Model::RunForward() {
 
   // Each sub-block: Hs' = post ⊗ Block(norm(collapse(Hs))) + Cᵀ·Hs. A sub-block's HcPost and the
   // next one's collapse + norm form one boundary op (HcPostPreNorm), which a backend may fuse.
-  RETURN_IF_ERROR(be.HcPreNorm(hs, gate(w.layers[0].attn_hc, w.layers[0].attn_norm), normed, post,
-                               comb));
+  if (c.num_layers > 0) {  // (the config requires at least one layer)
+    RETURN_IF_ERROR(be.HcPreNorm(hs, gate(w.layers[0].attn_hc, w.layers[0].attn_norm), normed,
+                                 post, comb));
+  }
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = w.layers[l];
     RETURN_IF_ERROR(be.Mark(StepMark::kAttentionBegin));
