@@ -28,9 +28,10 @@ __global__ void SelectAllKernel(IndexerDims s, RaggedBatchView b, int32_t* out) 
 
 // Scores: a block covers kScoreEntries (32) consecutive entries, staged in shared memory by the
 // whole block; warp g of the block computes the head group [g*kHpt, (g+1)*kHpt) for all 32
-// entries (lane = entry), so that small candidate counts still spread over many SMs. Per head, the dot product is accumulated exactly as before (4-wide
-// partial sums in ascending d, then added), ReLU·score_scale is staged in shared memory and one warp
-// sums the heads in ascending order: bitwise the same scores as the one-thread-per-entry kernel.
+// entries (lane = entry), so that small candidate counts still spread over many SMs. Per head,
+// the dot product is accumulated exactly as before (4-wide partial sums in ascending d, then
+// added), ReLU·score_scale is staged in shared memory and one warp sums the heads in ascending
+// order: bitwise the same scores as the one-thread-per-entry kernel.
 constexpr int kScoreEntries = 32;
 constexpr int64_t kMaxScoreBlocks = 16384;
 
