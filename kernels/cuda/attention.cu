@@ -50,6 +50,8 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(AttentionDims s, Rag
                                                             const int32_t* selected,
                                                             const float* sinks, float* out,
                                                             int64_t split_len, float* part) {
+  PdlTrigger();
+  PdlWait();
   constexpr int kThreadsPerHead = kThreads / kHeads;         // 16 .. 128
   constexpr int kSplit = kThreadsPerHead / kChunk;           // threads per (head, key) score
   constexpr int kDimsPerThread = kDim / kThreadsPerHead;     // output dims per thread
@@ -224,6 +226,8 @@ int64_t SplitLen(const AttentionDims& s, int splits) {
 __global__ void __launch_bounds__(512) CombineKernel(AttentionDims s, const int32_t* positions,
                                                      int splits, const float* part,
                                                      const float* sinks, float* out) {
+  PdlTrigger();
+  PdlWait();
   __shared__ float scale[kMaxSplits], lsum[kMaxSplits];
   __shared__ bool valid[kMaxSplits];
   __shared__ float s_denom;
@@ -295,8 +299,9 @@ absl::Status Finish(const AttentionDims& s, const RaggedBatchView& b, int splits
       return absl::UnimplementedError("attention combine: head_dim above 512");
     }
     const unsigned threads = static_cast<unsigned>((s.dim + 31) / 32 * 32);
-    CombineKernel<<<dim3(static_cast<unsigned>(b.num_tokens), static_cast<unsigned>(s.heads)),
-                    threads, 0, stream>>>(s, b.positions, splits, workspace, sinks, out);
+    CUDA_RETURN_IF_ERROR(LaunchPdl(
+        CombineKernel, dim3(static_cast<unsigned>(b.num_tokens), static_cast<unsigned>(s.heads)),
+        dim3(threads), 0, stream, s, b.positions, splits, workspace, sinks, out));
     CUDA_RETURN_IF_LAUNCH_ERROR();
     return absl::OkStatus();
   }
@@ -319,8 +324,9 @@ absl::Status Launch(const AttentionDims& s, const RaggedBatchView& b, const floa
   const int64_t split_len = splits > 1 ? SplitLen(s, splits) : (int64_t{1} << 40);
   const dim3 grid(static_cast<unsigned>(b.num_tokens), static_cast<unsigned>(s.heads / kHeads),
                   static_cast<unsigned>(splits));
-  kernel<<<grid, kThreads, smem, stream>>>(s, b, q, kv, ring, entries, selected, sinks, out,
-                                           split_len, splits > 1 ? workspace : nullptr);
+  CUDA_RETURN_IF_ERROR(LaunchPdl(kernel, grid, dim3(kThreads), smem, stream, s, b, q, kv, ring,
+                                 entries, selected, sinks, out, split_len,
+                                 splits > 1 ? workspace : nullptr));
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return Finish(s, b, splits, workspace, sinks, out, stream);
 }
@@ -447,6 +453,8 @@ __global__ void __launch_bounds__(kTcThreads, kHeads <= 32 ? 2 : 1)
     AttentionTcKernel(AttentionDims s, RaggedBatchView b, const float* q, const float* kv,
                       const float* ring, const float* entries, const int32_t* selected,
                       const float* sinks, float* out, int64_t split_len, float* part) {
+  PdlTrigger();
+  PdlWait();
   constexpr int kLd = kDim + kTcPad;               // bf16 row stride of sQ and sK
   constexpr int kMT = kHeads / 16;                 // m-tiles (16 heads each)
   constexpr int kSNT = kTcN / 8 / kTcNSplit;       // S: n-tiles (8 keys) per warp
@@ -788,8 +796,9 @@ absl::Status LaunchTc(const AttentionDims& s, const RaggedBatchView& b, const fl
   const int64_t split_len = splits > 1 ? TcSplitLen(s, splits) : (int64_t{1} << 40);
   const dim3 grid(static_cast<unsigned>(b.num_tokens * (s.heads / kHeads)),
                   static_cast<unsigned>(splits));
-  kernel<<<grid, kTcThreads, smem, stream>>>(s, b, q, kv, ring, entries, selected, sinks, out,
-                                             split_len, splits > 1 ? workspace : nullptr);
+  CUDA_RETURN_IF_ERROR(LaunchPdl(kernel, grid, dim3(kTcThreads), smem, stream, s, b, q, kv, ring,
+                                 entries, selected, sinks, out, split_len,
+                                 splits > 1 ? workspace : nullptr));
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return Finish(s, b, splits, workspace, sinks, out, stream);
 }

@@ -133,8 +133,10 @@ __device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
 // writing or writes anything, and every thread must reach PdlWait() before exiting. Before the
 // wait it may read only what no kernel writes during a step (weights): that relies on no
 // kernel that writes weights ever triggering its dependents early. PdlTrigger() lets this
-// kernel's own PDL dependents launch; it is harmless anywhere (a no-op without such dependents),
-// so the kernels that precede the weight-streaming ones call it first thing. In a CUDA graph the
+// kernel's own PDL dependents launch; it is harmless anywhere (a no-op without such dependents).
+// Every kernel of the decode path is launched this way: the weight-streaming GEMVs load their
+// first weights before the wait, all others start with PdlTrigger(); PdlWait(); (so their
+// launch and the next kernel's overlap the previous kernel's tail). In a CUDA graph the
 // same-stream edge becomes a programmatic edge. DSV4_PDL=0 launches without the attribute
 // (ordinary stream order; the waits are then no-ops).
 __device__ __forceinline__ void PdlTrigger() {

@@ -17,6 +17,8 @@ __device__ __forceinline__ int64_t StateFloats(const CompressorDims& s) {
 __global__ void EntryKernel(CompressorDims s, RaggedBatchView b, const float* a, const float* z,
                             const float* bias, const float* norm_w, const float* inv_freq,
                             const float* state, float* entries) {
+  PdlTrigger();
+  PdlWait();
   extern __shared__ float entry[];  // [d]
   __shared__ double dscratch[32];
   const int32_t t = blockIdx.x;
@@ -114,6 +116,8 @@ __global__ void EntryKernel(CompressorDims s, RaggedBatchView b, const float* a,
 // One block per sequence: the previous-window first halves (CSA), then the raw rows.
 __global__ void StateKernel(CompressorDims s, RaggedBatchView b, const float* a, const float* z,
                             const float* bias, float* state) {
+  PdlTrigger();
+  PdlWait();
   const int32_t seq = blockIdx.x;
   if (b.state_slot[seq] < 0) return;  // padding of a graph step
   const int64_t m = s.ratio, d = s.dim, cd = s.overlap * d;
@@ -165,10 +169,12 @@ absl::Status Compress(const CompressorDims& s, const RaggedBatchView& b, const f
                       float* state, float* entries, cudaStream_t stream) {
   if (b.num_tokens == 0) return absl::OkStatus();
   const size_t smem = sizeof(float) * static_cast<size_t>(s.dim);
-  EntryKernel<<<b.num_tokens, kThreads, smem, stream>>>(s, b, a, z, bias, norm_w, inv_freq, state,
-                                                        entries);
+  CUDA_RETURN_IF_ERROR(LaunchPdl(EntryKernel, dim3(static_cast<unsigned>(b.num_tokens)),
+                                 dim3(kThreads), smem, stream, s, b, a, z, bias, norm_w, inv_freq,
+                                 state, entries));
   CUDA_RETURN_IF_LAUNCH_ERROR();
-  StateKernel<<<b.num_seqs, kThreads, 0, stream>>>(s, b, a, z, bias, state);
+  CUDA_RETURN_IF_ERROR(LaunchPdl(StateKernel, dim3(static_cast<unsigned>(b.num_seqs)),
+                                 dim3(kThreads), 0, stream, s, b, a, z, bias, state));
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

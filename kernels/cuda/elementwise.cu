@@ -6,6 +6,7 @@
 
 #include "kernels/common/cuda_check.h"
 #include "kernels/counter_rng.h"
+#include "kernels/cuda/common.cuh"
 
 namespace dsv4::cuda {
 namespace {
@@ -27,6 +28,8 @@ __device__ __forceinline__ uint16_t ToBf16(float f) {
 template <typename T>
 __global__ void EmbedKernel(const T* table, int64_t vocab, int64_t dim, const int32_t* ids,
                             int32_t tokens, float* out) {
+  PdlTrigger();
+  PdlWait();
   const int32_t t = blockIdx.x;
   const int64_t i = int64_t{blockIdx.y} * blockDim.x + threadIdx.x;
   if (t >= tokens || i >= dim) return;
@@ -46,6 +49,8 @@ __global__ void AddKernel(const float* a, const float* b, float* y, int64_t n) {
 }
 
 __global__ void CastToBf16Kernel(const float* x, uint16_t* y, int64_t n) {
+  PdlTrigger();
+  PdlWait();
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     y[i] = ToBf16(x[i]);
@@ -62,12 +67,16 @@ __global__ void CastToF32Kernel(const uint16_t* x, float* y, int64_t n) {
 // Row copies: block (row, column block), one element per thread. (One block per row looping over
 // the columns was a chain of dependent round trips: ~10-15 us for a 4-16k row at decode.)
 __global__ void GatherRowsKernel(const float* x, int64_t width, const int32_t* rows, float* out) {
+  PdlTrigger();
+  PdlWait();
   const int64_t r = blockIdx.x;
   const int64_t i = int64_t{blockIdx.y} * blockDim.x + threadIdx.x;
   if (i < width) out[r * width + i] = x[static_cast<int64_t>(rows[r]) * width + i];
 }
 
 __global__ void HcExpandKernel(const float* x, int64_t n, int64_t dim, float* hs) {
+  PdlTrigger();
+  PdlWait();
   const int64_t t = blockIdx.x;
   const int64_t i = int64_t{blockIdx.y} * blockDim.x + threadIdx.x;
   if (i >= dim) return;
@@ -82,6 +91,8 @@ dim3 RowGrid(int64_t rows, int64_t width) {
 
 __global__ void RingWriteKernel(const float* kv, int64_t dim, int64_t window, RaggedBatchView b,
                                 float* ring) {
+  PdlTrigger();
+  PdlWait();
   const int32_t t = blockIdx.x;
   const int32_t seq = b.token_seq[t];
   if (b.state_slot[seq] < 0) return;  // padding of a graph step: inert
@@ -123,11 +134,13 @@ absl::Status Embed(const void* table, DType table_dtype, int64_t vocab, int64_t 
                    const RaggedBatchView& b, float* out, cudaStream_t stream) {
   if (b.num_tokens == 0) return absl::OkStatus();
   if (table_dtype == DType::kBF16) {
-    EmbedKernel<<<RowGrid(b.num_tokens, dim), kThreads, 0, stream>>>(
-        static_cast<const uint16_t*>(table), vocab, dim, b.token_ids, b.num_tokens, out);
+    CUDA_RETURN_IF_ERROR(LaunchPdl(EmbedKernel<uint16_t>, RowGrid(b.num_tokens, dim),
+                                   dim3(kThreads), 0, stream, static_cast<const uint16_t*>(table),
+                                   vocab, dim, b.token_ids, b.num_tokens, out));
   } else {
-    EmbedKernel<<<RowGrid(b.num_tokens, dim), kThreads, 0, stream>>>(
-        static_cast<const float*>(table), vocab, dim, b.token_ids, b.num_tokens, out);
+    CUDA_RETURN_IF_ERROR(LaunchPdl(EmbedKernel<float>, RowGrid(b.num_tokens, dim), dim3(kThreads),
+                                   0, stream, static_cast<const float*>(table), vocab, dim,
+                                   b.token_ids, b.num_tokens, out));
   }
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
@@ -142,7 +155,7 @@ absl::Status Add(const float* a, const float* b, float* y, int64_t n, cudaStream
 
 absl::Status CastToBf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
   if (n == 0) return absl::OkStatus();
-  CastToBf16Kernel<<<Blocks(n), kThreads, 0, stream>>>(x, y, n);
+  CUDA_RETURN_IF_ERROR(LaunchPdl(CastToBf16Kernel, Blocks(n), dim3(kThreads), 0, stream, x, y, n));
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
@@ -157,7 +170,8 @@ absl::Status CastToF32(const uint16_t* x, float* y, int64_t n, cudaStream_t stre
 absl::Status GatherRows(const float* x, int64_t width, const int32_t* rows, int64_t num_rows,
                         float* out, cudaStream_t stream) {
   if (num_rows == 0) return absl::OkStatus();
-  GatherRowsKernel<<<RowGrid(num_rows, width), kThreads, 0, stream>>>(x, width, rows, out);
+  CUDA_RETURN_IF_ERROR(LaunchPdl(GatherRowsKernel, RowGrid(num_rows, width), dim3(kThreads), 0,
+                                 stream, x, width, rows, out));
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
@@ -165,7 +179,8 @@ absl::Status GatherRows(const float* x, int64_t width, const int32_t* rows, int6
 absl::Status HcExpand(const float* x, int64_t tokens, int64_t n, int64_t dim, float* hs,
                       cudaStream_t stream) {
   if (tokens == 0) return absl::OkStatus();
-  HcExpandKernel<<<RowGrid(tokens, dim), kThreads, 0, stream>>>(x, n, dim, hs);
+  CUDA_RETURN_IF_ERROR(
+      LaunchPdl(HcExpandKernel, RowGrid(tokens, dim), dim3(kThreads), 0, stream, x, n, dim, hs));
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
@@ -173,7 +188,8 @@ absl::Status HcExpand(const float* x, int64_t tokens, int64_t n, int64_t dim, fl
 absl::Status RingWrite(const float* kv, int64_t dim, int64_t window, const RaggedBatchView& b,
                        float* ring, cudaStream_t stream) {
   if (b.num_tokens == 0) return absl::OkStatus();
-  RingWriteKernel<<<b.num_tokens, 128, 0, stream>>>(kv, dim, window, b, ring);
+  CUDA_RETURN_IF_ERROR(LaunchPdl(RingWriteKernel, dim3(static_cast<unsigned>(b.num_tokens)),
+                                 dim3(128), 0, stream, kv, dim, window, b, ring));
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

@@ -19,6 +19,8 @@ __device__ __forceinline__ int64_t Visible(const RaggedBatchView& b, int32_t t, 
 }
 
 __global__ void SelectAllKernel(IndexerDims s, RaggedBatchView b, int32_t* out) {
+  PdlTrigger();
+  PdlWait();
   const int32_t t = blockIdx.x;
   const int64_t v = Visible(b, t, s.ratio);
   for (int64_t k = threadIdx.x; k < s.topk; k += blockDim.x) {
@@ -48,6 +50,8 @@ template <int kHeads>
 __global__ void __launch_bounds__(ScoreCfg<kHeads>::kThreads)
     ScoreKernel(IndexerDims s, RaggedBatchView b, const float* q, const float* w,
                 const float* keys, int64_t max_visible, float* scores) {
+  PdlTrigger();
+  PdlWait();
   using Cfg = ScoreCfg<kHeads>;
   constexpr int kHpt = Cfg::kHpt;
   extern __shared__ float4 sq4[];  // [kHeads, dim/4], then the chunk's keys [32, dim/4 + 1]
@@ -171,6 +175,8 @@ __device__ __forceinline__ void HistAdd(int* hist, uint32_t bin, bool active) {
 __global__ void __launch_bounds__(kSelectThreads, 1)
     SelectKernel(IndexerDims s, RaggedBatchView b, const float* scores, int64_t max_visible,
                  int64_t smem_keys, int32_t* out) {
+  PdlTrigger();
+  PdlWait();
   extern __shared__ uint32_t skeys[];
   __shared__ int hist[2][256];
   __shared__ uint32_t s_prefix, s_mask;
@@ -351,7 +357,8 @@ __global__ void __launch_bounds__(kSelectThreads, 1)
 absl::Status IndexerSelectAll(const IndexerDims& s, const RaggedBatchView& b, int32_t* out,
                               cudaStream_t stream) {
   if (b.num_tokens == 0) return absl::OkStatus();
-  SelectAllKernel<<<b.num_tokens, 256, 0, stream>>>(s, b, out);
+  CUDA_RETURN_IF_ERROR(LaunchPdl(SelectAllKernel, dim3(static_cast<unsigned>(b.num_tokens)),
+                                 dim3(256), 0, stream, s, b, out));
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
@@ -390,7 +397,8 @@ absl::Status IndexerTopK(const IndexerDims& s, const RaggedBatchView& b, const f
       case 32: threads = ScoreCfg<32>::kThreads; break;
       default: threads = ScoreCfg<64>::kThreads; break;
     }
-    kernel<<<grid, threads, smem, stream>>>(s, b, q, w, keys, max_visible, scores);
+    CUDA_RETURN_IF_ERROR(LaunchPdl(kernel, grid, dim3(static_cast<unsigned>(threads)), smem, stream,
+                                   s, b, q, w, keys, max_visible, scores));
     CUDA_RETURN_IF_LAUNCH_ERROR();
   }
   const int64_t smem_keys = max_visible <= kSmemKeys ? max_visible : 0;
@@ -404,8 +412,9 @@ absl::Status IndexerTopK(const IndexerDims& s, const RaggedBatchView& b, const f
                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               static_cast<int>(select_smem_set)));
   }
-  SelectKernel<<<b.num_tokens, kSelectThreads, select_smem, stream>>>(s, b, scores, max_visible,
-                                                                      smem_keys, out);
+  CUDA_RETURN_IF_ERROR(LaunchPdl(SelectKernel, dim3(static_cast<unsigned>(b.num_tokens)),
+                                 dim3(kSelectThreads), select_smem, stream, s, b, scores,
+                                 max_visible, smem_keys, out));
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

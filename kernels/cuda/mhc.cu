@@ -118,6 +118,8 @@ template <int kRows, int kPostN>
 __global__ void __launch_bounds__(kMixThreads)
     MixKernel(const float* hs, int64_t tokens, int64_t nd, const float* fn, int64_t tpb, bool vec,
               PostArgs pa, float* parts) {
+  PdlTrigger();
+  PdlWait();
   constexpr int kVals = kRows + 1;
   constexpr int kV = Pow2Ceil(kVals);
   constexpr int kGroup = 32 / kV;
@@ -180,6 +182,8 @@ __global__ void __launch_bounds__(kMixThreads)
 // (r = rows: the squares) with every token over chunk c. Same parts layout.
 __global__ void MixGenericKernel(const float* hs, int64_t tokens, int64_t nd, const float* fn,
                                  int rows, float* parts) {
+  PdlTrigger();
+  PdlWait();
   const int64_t gw = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   const int64_t chunks = (nd + kMixChunk - 1) / kMixChunk;
@@ -373,6 +377,8 @@ __global__ void __launch_bounds__(kFinThreads)
     HcFinalKernel(HcDims d, const float* hs, const float* mix_parts, int64_t nparts,
                   const float* base, const float* scale, int64_t col_blocks, bool vec, float* out,
                   float* post, float* comb) {
+  PdlTrigger();
+  PdlWait();
   constexpr int kRows = kPre ? (2 + kN) * kN : kN;
   constexpr int kVals = kRows + 1;  // the last one: Σ hs²
   __shared__ float vals[kVals];
@@ -413,6 +419,8 @@ __global__ void __launch_bounds__(1024)
     HcFinalNormKernel(HcDims d, const float* hs, const float* mix_parts, int64_t nparts,
                       const float* base, const float* scale, const float* norm_w, float rms_eps,
                       float* normed, float* post, float* comb) {
+  PdlTrigger();
+  PdlWait();
   constexpr int kRows = kPre ? (2 + kN) * kN : kN;
   constexpr int kVals = kRows + 1;
   __shared__ float vals[kVals];
@@ -445,6 +453,8 @@ template <int kN>
 __global__ void __launch_bounds__(kFinThreads)
     HcPostVecKernel(int64_t dim, const float* hs, const float* f, const float* post,
                     const float* comb, float* out) {
+  PdlTrigger();
+  PdlWait();
   const int64_t t = blockIdx.x;
   const int64_t i = (static_cast<int64_t>(blockIdx.y) * kFinThreads + threadIdx.x) * 4;
   if (i >= dim) return;
@@ -464,6 +474,8 @@ __global__ void __launch_bounds__(kFinThreads)
 // Scalar fallback for D % 4 != 0 or unaligned pointers.
 __global__ void HcPostKernel(HcDims d, const float* hs, const float* f, const float* post,
                              const float* comb, float* out) {
+  PdlTrigger();
+  PdlWait();
   const int64_t t = blockIdx.y;
   const int n = static_cast<int>(d.n);
   const float* h = hs + t * n * d.dim;
@@ -480,18 +492,18 @@ __global__ void HcPostKernel(HcDims d, const float* hs, const float* f, const fl
 
 // Launches HcFinalKernel<N, kPre> for the runtime n.
 template <bool kPre>
-void LaunchFinal(const HcDims& d, const float* hs, const float* mix_parts, int64_t parts,
+cudaError_t LaunchFinal(const HcDims& d, const float* hs, const float* mix_parts, int64_t parts,
                  const float* base, const float* scale, float* out, float* post, float* comb,
                  cudaStream_t stream) {
   const int64_t col_blocks = (d.dim + 4 * kFinThreads - 1) / (4 * kFinThreads);
   const bool vec = d.dim % 4 == 0 && Aligned16(hs) && Aligned16(out);
   const dim3 grid(static_cast<unsigned>(d.tokens), static_cast<unsigned>(col_blocks + (kPre ? 1 : 0)));
+  cudaError_t err = cudaErrorInvalidValue;  // n outside [1, 8]
   switch (d.n) {
 #define DSV4_HC_FINAL(N)                                                                   \
   case N:                                                                                  \
-    HcFinalKernel<N, kPre><<<grid, kFinThreads, 0, stream>>>(d, hs, mix_parts, parts, base, \
-                                                             scale, col_blocks, vec, out,  \
-                                                             post, comb);                  \
+    err = LaunchPdl(HcFinalKernel<N, kPre>, grid, dim3(kFinThreads), 0, stream, d, hs,    \
+                    mix_parts, parts, base, scale, col_blocks, vec, out, post, comb);        \
     break;
     DSV4_HC_FINAL(1)
     DSV4_HC_FINAL(2)
@@ -503,6 +515,7 @@ void LaunchFinal(const HcDims& d, const float* hs, const float* mix_parts, int64
     DSV4_HC_FINAL(8)
 #undef DSV4_HC_FINAL
   }
+  return err;
 }
 
 }  // namespace
@@ -519,13 +532,13 @@ namespace {
 // batches so the fn chunk (48 KB per block) is not re-read from L2 for every token or two; at
 // most 64 tokens so the serial token loop stays short. Depends on the shape only (graph capture).
 template <int kRows, int kPostN>
-void LaunchMix(const float* hs, int64_t tokens, int64_t nd, const float* fn, bool vec,
+cudaError_t LaunchMix(const float* hs, int64_t tokens, int64_t nd, const float* fn, bool vec,
                const PostArgs& pa, float* parts, cudaStream_t stream) {
   const int64_t chunks = HcMixParts(tokens, nd);
   const int64_t tpb = std::clamp<int64_t>(tokens * chunks / 512, 1, 64);
   const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>((tokens + tpb - 1) / tpb));
-  MixKernel<kRows, kPostN><<<grid, kMixThreads, 0, stream>>>(hs, tokens, nd, fn, tpb, vec, pa,
-                                                             parts);
+  return LaunchPdl(MixKernel<kRows, kPostN>, grid, dim3(kMixThreads), 0, stream, hs, tokens, nd,
+                   fn, tpb, vec, pa, parts);
 }
 
 }  // namespace
@@ -536,14 +549,15 @@ absl::Status HcMix(const float* hs, int64_t tokens, int64_t nd, const float* fn,
   if (rows < 1 || rows > kMaxMix) return absl::InvalidArgumentError("HcMix: bad row count");
   const bool vec = nd % 4 == 0 && Aligned16(hs) && Aligned16(fn);
   if (rows == 24) {
-    LaunchMix<24, 0>(hs, tokens, nd, fn, vec, PostArgs{}, parts, stream);
+    CUDA_RETURN_IF_ERROR((LaunchMix<24, 0>(hs, tokens, nd, fn, vec, PostArgs{}, parts, stream)));
   } else if (rows == 4) {
-    LaunchMix<4, 0>(hs, tokens, nd, fn, vec, PostArgs{}, parts, stream);
+    CUDA_RETURN_IF_ERROR((LaunchMix<4, 0>(hs, tokens, nd, fn, vec, PostArgs{}, parts, stream)));
   } else {
     const int64_t chunks = HcMixParts(tokens, nd);
     const int64_t warps = (rows + 1) * chunks;
-    MixGenericKernel<<<static_cast<unsigned>((warps * 32 + kThreads - 1) / kThreads), kThreads, 0,
-                       stream>>>(hs, tokens, nd, fn, static_cast<int>(rows), parts);
+    CUDA_RETURN_IF_ERROR(LaunchPdl(
+        MixGenericKernel, dim3(static_cast<unsigned>((warps * 32 + kThreads - 1) / kThreads)),
+        dim3(kThreads), 0, stream, hs, tokens, nd, fn, static_cast<int>(rows), parts));
   }
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
@@ -581,7 +595,8 @@ absl::Status HcPostMix(const HcDims& d, const float* hs, const float* f, const f
   pa.comb = comb;
   pa.dim = d.dim;
   pa.out = out;
-  LaunchMix<24, 4>(out, d.tokens, d.n * d.dim, fn, /*vec=*/true, pa, parts, stream);
+  CUDA_RETURN_IF_ERROR(
+      (LaunchMix<24, 4>(out, d.tokens, d.n * d.dim, fn, /*vec=*/true, pa, parts, stream)));
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
@@ -605,12 +620,14 @@ absl::Status LaunchFinalNorm(const HcDims& d, const float* hs, const float* mix_
   }
   if (d.tokens == 0) return absl::OkStatus();
   const int threads = static_cast<int>(((d.dim / 4) + 31) / 32 * 32);
+  cudaError_t err = cudaErrorInvalidValue;  // n outside [1, 8] (HcNormFits)
   switch (d.n) {
 #define DSV4_HC_FINAL_NORM(N)                                                            \
   case N:                                                                                \
-    HcFinalNormKernel<N, kPre><<<dim3(static_cast<unsigned>(d.tokens), kPre ? 2 : 1), threads, 0, \
-                                 stream>>>(                                              \
-        d, hs, mix_parts, parts, base, scale, norm_w, rms_eps, normed, post, comb);     \
+    err = LaunchPdl(HcFinalNormKernel<N, kPre>,                                          \
+                    dim3(static_cast<unsigned>(d.tokens), kPre ? 2 : 1), dim3(threads), 0,  \
+                    stream, d, hs, mix_parts, parts, base, scale, norm_w, rms_eps, normed,  \
+                    post, comb);                                                            \
     break;
     DSV4_HC_FINAL_NORM(1)
     DSV4_HC_FINAL_NORM(2)
@@ -622,6 +639,7 @@ absl::Status LaunchFinalNorm(const HcDims& d, const float* hs, const float* mix_
     DSV4_HC_FINAL_NORM(8)
 #undef DSV4_HC_FINAL_NORM
   }
+  CUDA_RETURN_IF_ERROR(err);
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
@@ -648,7 +666,8 @@ absl::Status HcPre(const HcDims& d, const float* hs, const float* mix_parts, int
                    cudaStream_t stream) {
   if (d.n < 1 || d.n > kMaxN) return absl::UnimplementedError("hc_mult must be in [1, 8]");
   if (d.tokens == 0) return absl::OkStatus();
-  LaunchFinal<true>(d, hs, mix_parts, parts, base, scale, collapsed, post, comb, stream);
+  CUDA_RETURN_IF_ERROR(
+      (LaunchFinal<true>(d, hs, mix_parts, parts, base, scale, collapsed, post, comb, stream)));
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
@@ -660,10 +679,12 @@ absl::Status HcPost(const HcDims& d, const float* hs, const float* f, const floa
       Aligned16(out)) {
     const dim3 grid(static_cast<unsigned>(d.tokens),
                     static_cast<unsigned>((d.dim + 4 * kFinThreads - 1) / (4 * kFinThreads)));
+    cudaError_t err = cudaSuccess;  // (the test above keeps n in [1, 8])
     switch (d.n) {
 #define DSV4_HC_POST(N)                                                                      \
   case N:                                                                                    \
-    HcPostVecKernel<N><<<grid, kFinThreads, 0, stream>>>(d.dim, hs, f, post, comb, out);     \
+    err = LaunchPdl(HcPostVecKernel<N>, grid, dim3(kFinThreads), 0, stream, d.dim, hs, f, post, \
+                    comb, out);                                                                \
     break;
       DSV4_HC_POST(1)
       DSV4_HC_POST(2)
@@ -675,13 +696,13 @@ absl::Status HcPost(const HcDims& d, const float* hs, const float* f, const floa
       DSV4_HC_POST(8)
 #undef DSV4_HC_POST
     }
+    CUDA_RETURN_IF_ERROR(err);
   } else {
     const int64_t per_token = d.n * d.dim;
     const unsigned bx =
         static_cast<unsigned>(std::min<int64_t>((per_token + kThreads - 1) / kThreads, 64));
-    HcPostKernel<<<dim3(bx, static_cast<unsigned>(d.tokens)), kThreads, 0, stream>>>(d, hs, f,
-                                                                                     post, comb,
-                                                                                     out);
+    CUDA_RETURN_IF_ERROR(LaunchPdl(HcPostKernel, dim3(bx, static_cast<unsigned>(d.tokens)),
+                                   dim3(kThreads), 0, stream, d, hs, f, post, comb, out));
   }
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
@@ -692,7 +713,8 @@ absl::Status HcHead(const HcDims& d, const float* hs, const float* mix_parts, in
                     const float* scale, float* y, cudaStream_t stream) {
   if (d.n < 1 || d.n > kMaxN) return absl::UnimplementedError("hc_mult must be in [1, 8]");
   if (d.tokens == 0) return absl::OkStatus();
-  LaunchFinal<false>(d, hs, mix_parts, parts, base, scale, y, nullptr, nullptr, stream);
+  CUDA_RETURN_IF_ERROR(
+      (LaunchFinal<false>(d, hs, mix_parts, parts, base, scale, y, nullptr, nullptr, stream)));
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

@@ -35,6 +35,7 @@ __global__ void RouteKernel(RouterDims d, const float* logits, const float* bias
                             const int32_t* tid2eid, const int32_t* token_ids, int32_t* idx,
                             float* weights) {
   PdlTrigger();  // the single-token expert kernels launch early (they wait before reading idx)
+  PdlWait();
   const int64_t t = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (t >= d.tokens) return;  // uniform across the warp
@@ -415,6 +416,8 @@ template <typename W>
 __global__ void __launch_bounds__(kSgThreads, 3) SplitGemvKernel(const float* x, int m, int64_t k,
                                                               const W* w, int64_t n,
                                                               int64_t k_slice, float* y) {
+  PdlTrigger();
+  PdlWait();
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   const unsigned csize = cluster.num_blocks();
@@ -532,13 +535,15 @@ absl::Status LaunchSplitGemv(const float* x, int64_t m, int64_t k, const W* w, i
   cfg.blockDim = dim3(kSgThreads, 1, 1);
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = static_cast<unsigned>(c);
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // as LaunchPdl
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = PdlEnabled() ? 2 : 1;
   CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, SplitGemvKernel<W>, x, static_cast<int>(m), k, w,
                                           n, k_slice, y));
   CUDA_RETURN_IF_LAUNCH_ERROR();
@@ -869,8 +874,10 @@ absl::Status Route(const RouterDims& d, const float* logits, const float* bias,
   const int threads = 128;
   const unsigned blocks = static_cast<unsigned>((d.tokens * 32 + threads - 1) / threads);
   const int64_t per_lane = (d.experts + 31) / 32;
+  cudaError_t err = cudaSuccess;
   auto launch = [&](auto kernel) {
-    kernel<<<blocks, threads, 0, stream>>>(d, logits, bias, tid2eid, token_ids, idx, weights);
+    err = LaunchPdl(kernel, dim3(blocks), dim3(threads), 0, stream, d, logits, bias, tid2eid,
+                    token_ids, idx, weights);
   };
   if (per_lane <= 1) {
     launch(RouteKernel<1>);
@@ -885,6 +892,7 @@ absl::Status Route(const RouterDims& d, const float* logits, const float* bias,
   } else {
     launch(RouteKernel<32>);
   }
+  CUDA_RETURN_IF_ERROR(err);
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

@@ -11,6 +11,7 @@ namespace {
 // One block per row; sum of squares in double (as the CPU reference does).
 __global__ void RmsNormKernel(const float* x, const float* w, int64_t dim, float eps, float* y) {
   PdlTrigger();  // the projection that usually follows may start streaming its weights
+  PdlWait();
   __shared__ double scratch[32];
   const float* xr = x + blockIdx.x * dim;
   float* yr = y + blockIdx.x * dim;
@@ -30,6 +31,7 @@ __global__ void RmsNormKernel(const float* x, const float* w, int64_t dim, float
 __global__ void __launch_bounds__(1024) RmsNormRegKernel(const float* x, const float* w, int dim,
                                                          float eps, float* y) {
   PdlTrigger();
+  PdlWait();
   __shared__ double scratch[32];
   const int64_t row = blockIdx.x;
   const int n4 = dim >> 2;
@@ -48,6 +50,7 @@ __global__ void __launch_bounds__(1024) RmsNormRegKernel(const float* x, const f
 __global__ void RopeKernel(float* x, int64_t heads, int64_t dim, int64_t rope_dims,
                            const float* inv_freq, const int32_t* positions, bool inverse) {
   PdlTrigger();
+  PdlWait();
   const int64_t row = blockIdx.x;  // t * heads + h
   const int64_t t = row / heads;
   float* r = x + row * dim + (dim - rope_dims);
@@ -67,6 +70,7 @@ __global__ void __launch_bounds__(1024) RmsNormRopeKernel(float* x, const float*
                                                           const float* inv_freq,
                                                           const int32_t* positions, bool inverse) {
   PdlTrigger();
+  PdlWait();
   __shared__ double scratch[32];
   const int64_t row = blockIdx.x;  // t * heads + h
   const int n4 = dim >> 2;
@@ -112,9 +116,9 @@ absl::Status RmsNormRope(float* x, const float* w, int64_t tokens, int64_t heads
                                       "rope_dims % 4 == 0 and 16-byte aligned x, w");
   }
   const int threads = static_cast<int>(((dim / 4) + 31) / 32 * 32);
-  RmsNormRopeKernel<<<static_cast<unsigned>(tokens * heads), threads, 0, stream>>>(
-      x, w, static_cast<int>(dim), eps, heads, static_cast<int>(rope_dims), inv_freq, positions,
-      inverse);
+  CUDA_RETURN_IF_ERROR(LaunchPdl(RmsNormRopeKernel, dim3(static_cast<unsigned>(tokens * heads)),
+                                 dim3(threads), 0, stream, x, w, static_cast<int>(dim), eps, heads,
+                                 static_cast<int>(rope_dims), inv_freq, positions, inverse));
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
@@ -125,13 +129,14 @@ absl::Status RmsNorm(const float* x, const float* w, int64_t rows, int64_t dim, 
   const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
   if (dim % 4 == 0 && dim <= 4096 && aligned(x) && aligned(y) && (w == nullptr || aligned(w))) {
     const int threads = static_cast<int>(((dim / 4) + 31) / 32 * 32);
-    RmsNormRegKernel<<<static_cast<unsigned>(rows), threads, 0, stream>>>(
-        x, w, static_cast<int>(dim), eps, y);
+    CUDA_RETURN_IF_ERROR(LaunchPdl(RmsNormRegKernel, dim3(static_cast<unsigned>(rows)),
+                                   dim3(threads), 0, stream, x, w, static_cast<int>(dim), eps, y));
     CUDA_RETURN_IF_LAUNCH_ERROR();
     return absl::OkStatus();
   }
   const int threads = dim >= 1024 ? 512 : dim >= 256 ? 256 : 128;
-  RmsNormKernel<<<static_cast<unsigned>(rows), threads, 0, stream>>>(x, w, dim, eps, y);
+  CUDA_RETURN_IF_ERROR(LaunchPdl(RmsNormKernel, dim3(static_cast<unsigned>(rows)), dim3(threads),
+                                 0, stream, x, w, dim, eps, y));
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
@@ -140,8 +145,9 @@ absl::Status Rope(float* x, int64_t tokens, int64_t heads, int64_t dim, int64_t 
                   const float* inv_freq, const int32_t* positions, bool inverse,
                   cudaStream_t stream) {
   if (tokens * heads == 0) return absl::OkStatus();
-  RopeKernel<<<static_cast<unsigned>(tokens * heads), 32, 0, stream>>>(x, heads, dim, rope_dims,
-                                                                      inv_freq, positions, inverse);
+  CUDA_RETURN_IF_ERROR(LaunchPdl(RopeKernel, dim3(static_cast<unsigned>(tokens * heads)), dim3(32),
+                                 0, stream, x, heads, dim, rope_dims, inv_freq, positions,
+                                 inverse));
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

@@ -161,6 +161,8 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(const float* logits, in
                                                          const int32_t* seen,
                                                          const int32_t* output, float* work,
                                                          SampleOut* out) {
+  PdlTrigger();
+  PdlWait();
   __shared__ double sv[32];
   __shared__ int32_t si[32];
   __shared__ double sd[32];
@@ -279,6 +281,8 @@ __device__ __forceinline__ void WarpArgMaxF(float& v, int32_t& i) {
 __global__ void __launch_bounds__(kPartThreads) SamplePartialKernel(
     const float* logits, int64_t vocab, const SampleRow* params, const int32_t* mask_ids,
     const int32_t* seen, const int32_t* output, float* work) {
+  PdlTrigger();
+  PdlWait();
   __shared__ uint32_t smask[kSlice / 32];
   __shared__ float sf[kPartWarps];
   __shared__ double sd[kPartWarps];
@@ -472,6 +476,8 @@ __global__ void __launch_bounds__(kThreads) SampleFinishKernel(
     const float* logits, int64_t vocab, int num_slices, const SampleRow* params,
     const int32_t* mask_ids, const int32_t* seen, const int32_t* output, float* work,
     SampleOut* out) {
+  PdlTrigger();
+  PdlWait();
   __shared__ double sv[32];
   __shared__ int32_t si[32];
   __shared__ double sd[32];
@@ -594,18 +600,20 @@ absl::Status Sample(const float* logits, int64_t rows, int64_t vocab, const Samp
                          vocab * static_cast<int64_t>(sizeof(float)) &&
                      rows <= 65535;
   if (!split) {
-    SampleKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-        logits, vocab, params, mask_ids, seen_counts, output_counts, work, out);
+    CUDA_RETURN_IF_ERROR(LaunchPdl(SampleKernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads),
+                                   0, stream, logits, vocab, params, mask_ids, seen_counts,
+                                   output_counts, work, out));
     CUDA_RETURN_IF_LAUNCH_ERROR();
     return absl::OkStatus();
   }
-  SamplePartialKernel<<<dim3(static_cast<unsigned>(slices), static_cast<unsigned>(rows)),
-                        kPartThreads, 0, stream>>>(logits, vocab, params, mask_ids, seen_counts,
-                                                   output_counts, work);
+  CUDA_RETURN_IF_ERROR(LaunchPdl(SamplePartialKernel,
+                                 dim3(static_cast<unsigned>(slices), static_cast<unsigned>(rows)),
+                                 dim3(kPartThreads), 0, stream, logits, vocab, params, mask_ids,
+                                 seen_counts, output_counts, work));
   CUDA_RETURN_IF_LAUNCH_ERROR();
-  SampleFinishKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-      logits, vocab, static_cast<int>(slices), params, mask_ids, seen_counts, output_counts, work,
-      out);
+  CUDA_RETURN_IF_ERROR(LaunchPdl(SampleFinishKernel, dim3(static_cast<unsigned>(rows)),
+                                 dim3(kThreads), 0, stream, logits, vocab, static_cast<int>(slices),
+                                 params, mask_ids, seen_counts, output_counts, work, out));
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
