@@ -76,7 +76,8 @@ TEST(CudaOps, LinearBf16MatchesReferenceOnRoundedOperands) {
   DSV4_REQUIRE_GPU();
   BackendPair p(Precision::kBF16);
   // M = 1 takes the single-token GEMV (kernels/cuda/gemv.h) up to 256 Mi weight elements and
-  // cuBLASLt above (lm_head); K % 256 != 0 leaves lanes of the last chunk idle.
+  // cuBLASLt above (lm_head); K % 256 != 0 leaves lanes of the last chunk idle; K >= 2048 splits
+  // each row over two warps (2056: the second warp's slice is not a whole number of chunks).
   for (const GemmCase& c : std::vector<GemmCase>{{1, 129280, 4096},  // lm_head
                                                   {1, 1024, 4096},    // q_a
                                                   {1, 32768, 1024},   // q_b
@@ -84,6 +85,8 @@ TEST(CudaOps, LinearBf16MatchesReferenceOnRoundedOperands) {
                                                   {1, 4096, 2048},    // shared expert down
                                                   {1, 64, 4096},      // indexer weights
                                                   {1, 33, 264},
+                                                  // two warps per row, the split ending mid-chunk
+                                                  {1, 1000, 2056},
                                                   {8, 1024, 4096},
                                                   {256, 4096, 2048}}) {
     SCOPED_TRACE(::testing::Message() << c.m << "x" << c.n << "x" << c.k);
@@ -388,6 +391,62 @@ TEST(CudaOps, HyperConnectionBoundariesEqualTheOpsOneByOne) {
     ASSERT_TRUE(p.gpu->HcHead(hs.g, hfn.g, hbase.g, hscale.g, HcParams{}, y_sep.g).ok());
     ASSERT_TRUE(p.gpu->RmsNorm(y_sep.g, nw.g, RmsNormParams{}, y_sep.g).ok());
     EXPECT_TRUE(same_bits(y, y_sep));
+  }
+}
+
+// The first boundary (HcPreNorm) and the head (HcHeadNorm) at shapes DeepSeek-V4 does not use:
+// hc_mult 8 (80 mix rows: the generic mix kernel), and widths 4 and 132 (one partial warp in
+// the final kernel). Equal bit for bit to HcPre / HcHead then RmsNorm on the GPU, and to the CPU
+// within rounding.
+TEST(CudaOps, HyperConnectionNormsAtOtherWidths) {
+  DSV4_REQUIRE_GPU();
+  BackendPair p;
+  struct Case {
+    int64_t n, D;
+  };
+  for (const Case& c : std::vector<Case>{{8, 4096}, {8, 4}, {4, 4}, {4, 132}, {2, 132}}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << c.n << " D=" << c.D);
+    p.Begin({{3, 1}, {0, 5}}, kBlock);
+    const int64_t T = p.meta.num_tokens, n = c.n, D = c.D, mix = (2 + n) * n;
+    const float a = 1.0f / std::sqrt(static_cast<float>(n * D));
+    HcParams hp;
+    hp.hc_mult = n;
+    Both hs = p.Input(Shape{T, n, D}, RandomVec(T * n * D, 41, -2, 2));
+    Both fn = p.Weight(Shape{mix, n * D}, RandomVec(mix * n * D, 42, -a, a));
+    Both base = p.Weight(Shape{mix}, RandomVec(mix, 43, -0.5f, 0.5f));
+    Both scale = p.Weight(Shape{3}, RandomVec(3, 44, 0.5f, 1.5f));
+    Both nw = p.Weight(Shape{D}, RandomVec(D, 45, 0.5f, 1.5f));
+    Both normed = p.Scratch(DType::kF32, Shape{T, D});
+    Both post = p.Scratch(DType::kF32, Shape{T, n});
+    Both comb = p.Scratch(DType::kF32, Shape{T, n, n});
+    ASSERT_TRUE(p.cpu.HcPreNorm(hs.c, {fn.c, base.c, scale.c, hp, nw.c, {}}, normed.c, post.c,
+                                comb.c).ok());
+    const absl::Status st =
+        p.gpu->HcPreNorm(hs.g, {fn.g, base.g, scale.g, hp, nw.g, {}}, normed.g, post.g, comb.g);
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_TRUE(p.Same(normed, 1e-4, 1e-4));
+    EXPECT_TRUE(p.Same(post, 1e-5, 1e-4));
+    EXPECT_TRUE(p.Same(comb, 1e-5, 1e-4));
+    Both sep = p.Scratch(DType::kF32, Shape{T, D});
+    Both post_sep = p.Scratch(DType::kF32, Shape{T, n});
+    Both comb_sep = p.Scratch(DType::kF32, Shape{T, n, n});
+    ASSERT_TRUE(p.gpu->HcPre(hs.g, fn.g, base.g, scale.g, hp, sep.g, post_sep.g, comb_sep.g).ok());
+    ASSERT_TRUE(p.gpu->RmsNorm(sep.g, nw.g, RmsNormParams{}, sep.g).ok());
+    EXPECT_EQ(p.HostAs<float>(*p.gpu, normed.g), p.HostAs<float>(*p.gpu, sep.g));
+    EXPECT_EQ(p.HostAs<float>(*p.gpu, post.g), p.HostAs<float>(*p.gpu, post_sep.g));
+    EXPECT_EQ(p.HostAs<float>(*p.gpu, comb.g), p.HostAs<float>(*p.gpu, comb_sep.g));
+    // The head: n mix rows, unweighted norm.
+    Both hfn = p.Weight(Shape{n, n * D}, RandomVec(n * n * D, 46, -a, a));
+    Both hbase = p.Weight(Shape{n}, RandomVec(n, 47, -0.5f, 0.5f));
+    Both hscale = p.Weight(Shape{1}, {0.8f});
+    Both y = p.Scratch(DType::kF32, Shape{T, D});
+    ASSERT_TRUE(p.cpu.HcHeadNorm(hs.c, {hfn.c, hbase.c, hscale.c, hp, Tensor{}, {}}, y.c).ok());
+    ASSERT_TRUE(p.gpu->HcHeadNorm(hs.g, {hfn.g, hbase.g, hscale.g, hp, Tensor{}, {}}, y.g).ok());
+    EXPECT_TRUE(p.Same(y, 1e-4, 1e-4));
+    Both y_sep = p.Scratch(DType::kF32, Shape{T, D});
+    ASSERT_TRUE(p.gpu->HcHead(hs.g, hfn.g, hbase.g, hscale.g, hp, y_sep.g).ok());
+    ASSERT_TRUE(p.gpu->RmsNorm(y_sep.g, Tensor{}, RmsNormParams{}, y_sep.g).ok());
+    EXPECT_EQ(p.HostAs<float>(*p.gpu, y.g), p.HostAs<float>(*p.gpu, y_sep.g));
   }
 }
 
