@@ -280,8 +280,13 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
   }
   RETURN_IF_ERROR(model_->PrepareStep(steps, options, &seq_rows));
   cudaStream_t stream = backend_->stream();
-  const size_t upload = at_out;  // everything before the outputs
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d, h, upload, cudaMemcpyHostToDevice, stream));
+  // Everything before the outputs; a FULL step's rows and mask go straight into its graph's own
+  // buffer (RunFull), so only the count updates come through here (nothing without penalties).
+  const size_t upload_from = full ? at_reset : 0;
+  if (at_out > upload_from) {
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d + upload_from, h + upload_from, at_out - upload_from,
+                                         cudaMemcpyHostToDevice, stream));
+  }
   auto* seen = static_cast<int32_t*>(seen_.get());
   auto* outputs = static_cast<int32_t*>(outputs_.get());
   const int64_t vocab = model_->config().vocab_size;
