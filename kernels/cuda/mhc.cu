@@ -493,8 +493,8 @@ __global__ void HcPostKernel(HcDims d, const float* hs, const float* f, const fl
 // Launches HcFinalKernel<N, kPre> for the runtime n.
 template <bool kPre>
 cudaError_t LaunchFinal(const HcDims& d, const float* hs, const float* mix_parts, int64_t parts,
-                 const float* base, const float* scale, float* out, float* post, float* comb,
-                 cudaStream_t stream) {
+                        const float* base, const float* scale, float* out, float* post,
+                        float* comb, cudaStream_t stream) {
   const int64_t col_blocks = (d.dim + 4 * kFinThreads - 1) / (4 * kFinThreads);
   const bool vec = d.dim % 4 == 0 && Aligned16(hs) && Aligned16(out);
   const dim3 grid(static_cast<unsigned>(d.tokens), static_cast<unsigned>(col_blocks + (kPre ? 1 : 0)));
@@ -533,7 +533,7 @@ namespace {
 // most 64 tokens so the serial token loop stays short. Depends on the shape only (graph capture).
 template <int kRows, int kPostN>
 cudaError_t LaunchMix(const float* hs, int64_t tokens, int64_t nd, const float* fn, bool vec,
-               const PostArgs& pa, float* parts, cudaStream_t stream) {
+                      const PostArgs& pa, float* parts, cudaStream_t stream) {
   const int64_t chunks = HcMixParts(tokens, nd);
   const int64_t tpb = std::clamp<int64_t>(tokens * chunks / 512, 1, 64);
   const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>((tokens + tpb - 1) / tpb));
