@@ -7,6 +7,9 @@
 //   ./decode_floor_lab moe        # single-token expert kernels (6 routed + shared), variants
 //   ./decode_floor_lab prefetch   # L2 prefetch of the next weights from a side stream
 //   ./decode_floor_lab overlap    # PDL GEMVs: L2 bulk prefetch before the wait, split-K warps
+//   ./decode_floor_lab bulk       # GEMVs streaming weights with bulk copies (TMA) into shared
+//                                 # memory, checked against the 16-byte-load kernel (not yet run
+//                                 # on the H200: written when the 2026-11-30 device time was spent)
 //
 // Results of 2026-11-30: bench/results/h200-2026-11-30b/{gemv_lab,moe_lab,l2_prefetch_lab}.log.
 // Weights are filled with a constant (the kernels' speed does not depend on the values); every
@@ -14,6 +17,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -712,6 +716,241 @@ int Overlap(cudaStream_t s) {
   return 0;
 }
 
+// ---- bulk lab: weights streamed by the bulk copy engine into a shared-memory ring ----
+// Nsight Compute (bench/results/h200-2026-11-30d/round3/ncu_detail.txt) puts the model's GEMVs at
+// 54-80 % of the HBM rate and cuBLASLt's lm_head at 92 % with 15 % occupancy: a few large
+// transfers in flight per block instead of many 16-byte loads per lane. This kernel tries that
+// for single-token GEMVs: persistent blocks, each over row groups g = blockIdx.x + i * gridDim.x
+// of 8 rows (one warp per row); thread 0 keeps kStages stages in flight, a stage being kChunk
+// elements of each of the 8 rows (cp.async.bulk, completion counted on the stage's mbarrier);
+// the warps wait on the stage, dot their row's chunk against x, and after a block barrier the
+// stage is refilled with the item kStages ahead. Needs rows % 8 == 0 and k % 8 == 0.
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void MbarInit(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SmemAddr(bar)), "r"(count)
+               : "memory");
+}
+__device__ __forceinline__ void MbarExpectTx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "LAB_MBAR_WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra LAB_MBAR_WAIT_%=;\n"
+      "}\n" ::"r"(SmemAddr(bar)),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void BulkLoad(void* dst, const void* src, uint32_t bytes,
+                                         uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(SmemAddr(dst)),
+      "l"(src), "r"(bytes), "r"(SmemAddr(bar))
+      : "memory");
+}
+
+constexpr int kBulkRows = 8;  // rows per group: one warp each (256 threads)
+
+template <int kStages, int kChunk>
+constexpr size_t BulkSmem() {
+  return sizeof(bf16) * kStages * kBulkRows * kChunk + sizeof(uint64_t) * kStages;
+}
+
+template <int kStages, int kChunk>
+__global__ void __launch_bounds__(kBulkRows * 32) BulkKernel(const float* x, const bf16* w,
+                                                             int64_t k, int64_t rows, float* y) {
+  static_assert(kChunk % 256 == 0, "a chunk is whole 256-element lane passes");
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* stage = reinterpret_cast<bf16*>(smem);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + sizeof(bf16) * kStages * kBulkRows * kChunk);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t groups = rows / kBulkRows;
+  const int64_t chunks = (k + kChunk - 1) / kChunk;
+  const int64_t mine =
+      groups > blockIdx.x ? (groups - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+  const int64_t items = mine * chunks;  // item j: group blockIdx.x + (j / chunks) * gridDim.x
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < kStages; ++st) MbarInit(&full[st], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  auto issue = [&](int64_t j) {  // thread 0
+    const int st = static_cast<int>(j % kStages);
+    const int64_t g = blockIdx.x + (j / chunks) * gridDim.x;
+    const int64_t k0 = (j % chunks) * kChunk;
+    const uint32_t bytes =
+        static_cast<uint32_t>(sizeof(bf16) * (k - k0 < kChunk ? k - k0 : kChunk));
+    MbarExpectTx(&full[st], bytes * kBulkRows);
+    for (int r = 0; r < kBulkRows; ++r) {
+      BulkLoad(stage + (st * kBulkRows + r) * kChunk, w + (g * kBulkRows + r) * k + k0, bytes,
+               &full[st]);
+    }
+  };
+  if (threadIdx.x == 0) {
+    for (int64_t j = 0; j < items && j < kStages; ++j) issue(j);
+  }
+  float acc = 0.0f;
+  for (int64_t j = 0; j < items; ++j) {
+    const int st = static_cast<int>(j % kStages);
+    MbarWait(&full[st], static_cast<uint32_t>((j / kStages) & 1));
+    const int64_t g = blockIdx.x + (j / chunks) * gridDim.x;
+    const int64_t c = j % chunks, k0 = c * kChunk;
+    const int64_t len = k - k0 < kChunk ? k - k0 : kChunk;
+    const bf16* row = stage + (st * kBulkRows + warp) * kChunk;
+#pragma unroll
+    for (int e = 0; e < kChunk; e += 256) {
+      const int64_t kk = e + lane * 8;
+      if (kk < len) acc = Dot8(*reinterpret_cast<const uint4*>(row + kk), x + k0 + kk, acc);
+    }
+    if (c == chunks - 1) {
+      const float sum = WarpSum(acc);
+      if (lane == 0) y[g * kBulkRows + warp] = sum;
+      acc = 0.0f;
+    }
+    __syncthreads();  // every warp is done with stage st
+    if (threadIdx.x == 0 && j + kStages < items) {
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      issue(j + kStages);
+    }
+  }
+}
+
+struct BulkVariant {
+  const char* name;
+  RowsFn fn;
+  size_t smem;
+  int blocks_per_sm;
+};
+template <int kStages, int kChunk>
+BulkVariant MakeBulk(const char* name, int blocks_per_sm) {
+  auto fn = BulkKernel<kStages, kChunk>;
+  LAB_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(BulkSmem<kStages, kChunk>())));
+  return BulkVariant{name, fn, BulkSmem<kStages, kChunk>(), blocks_per_sm};
+}
+
+void LaunchBulk(const BulkVariant& v, int sms, cudaStream_t s, const float* x, const bf16* w,
+                int64_t k, int64_t rows, float* y) {
+  const int64_t groups = rows / kBulkRows;
+  const int64_t blocks = groups < int64_t{sms} * v.blocks_per_sm ? groups
+                                                                  : int64_t{sms} * v.blocks_per_sm;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+  cfg.blockDim = dim3(kBulkRows * 32);
+  cfg.dynamicSmemBytes = v.smem;
+  cfg.stream = s;
+  LAB_CHECK(cudaLaunchKernelEx(&cfg, v.fn, x, w, k, rows, y));
+}
+
+// Deterministic non-constant weights and activations (so a mis-mapped row shows).
+__global__ void FillPatternKernel(bf16* w, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const uint32_t h = static_cast<uint32_t>(i) * 2654435761u;
+    w[i] = __float2bfloat16_rn((static_cast<float>(h >> 24) - 127.5f) * (1.0f / 4096));
+  }
+}
+
+int Bulk(cudaStream_t s) {
+  int sms = 0;
+  LAB_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const std::vector<Shape> chain = DecodeChain();
+  size_t total = 0;
+  for (const Shape& c : chain) total += c.n * c.k;
+  bf16* pool = nullptr;
+  LAB_CHECK(cudaMalloc(&pool, total * sizeof(bf16)));
+  FillPatternKernel<<<4096, 256, 0, s>>>(pool, static_cast<int64_t>(total));
+  LAB_CHECK(cudaGetLastError());
+  std::vector<float> hx(1 << 16);
+  for (size_t i = 0; i < hx.size(); ++i) hx[i] = static_cast<float>(static_cast<int>(i % 13) - 6) / 8;
+  float* x = DeviceFill<float>(hx.size(), 0);
+  LAB_CHECK(cudaMemcpy(x, hx.data(), hx.size() * sizeof(float), cudaMemcpyHostToDevice));
+  float* y_ref = DeviceFill<float>(129280, 0);
+  float* y = DeviceFill<float>(129280, 0);
+  const Variant ref = MakeVariant<1, 2, 256>("R1 U2 T256");  // the model's shape below k 2048
+  const std::vector<BulkVariant> variants = {
+      MakeBulk<4, 1024>("S4 C1024 B2", 2), MakeBulk<4, 1024>("S4 C1024 B3", 3),
+      MakeBulk<2, 2048>("S2 C2048 B3", 3), MakeBulk<6, 512>("S6 C512 B3", 3),
+      MakeBulk<8, 512>("S8 C512 B2", 2),   MakeBulk<3, 1024>("S3 C1024 B4", 4)};
+  const std::vector<Shape> singles = {{"q_a", 1024, 4096},   {"q_b", 32768, 1024},
+                                      {"o_b", 4096, 8192},   {"o_a", 8192, 4096},
+                                      {"sh_gu", 4096, 4096}, {"ex_dn", 4096, 2048},
+                                      {"lm_head", 129280, 4096}};
+  // Correctness first: each variant against the 16-byte-load kernel on every shape (the sums
+  // differ only in order: relative difference ~1e-6); outputs poisoned before each run.
+  std::printf("max |bulk - rows| / max |rows| per shape (poisoned outputs; must be < 1e-4)\n");
+  int bad = 0;
+  for (const BulkVariant& v : variants) {
+    std::printf("%-14s", v.name);
+    for (const Shape& sh : singles) {
+      std::vector<float> a(sh.n), b(sh.n);
+      LAB_CHECK(cudaMemset(y_ref, 0xff, sh.n * sizeof(float)));
+      LAB_CHECK(cudaMemset(y, 0xff, sh.n * sizeof(float)));
+      LaunchRows(ref, false, s, x, pool, sh.k, sh.n, y_ref);
+      LaunchBulk(v, sms, s, x, pool, sh.k, sh.n, y);
+      LAB_CHECK(cudaStreamSynchronize(s));
+      LAB_CHECK(cudaMemcpy(a.data(), y_ref, sh.n * sizeof(float), cudaMemcpyDeviceToHost));
+      LAB_CHECK(cudaMemcpy(b.data(), y, sh.n * sizeof(float), cudaMemcpyDeviceToHost));
+      double worst = 0, scale = 0;
+      for (int64_t i = 0; i < sh.n; ++i) {
+        const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
+        worst = d == d ? (d > worst ? d : worst) : 1e30;  // NaN: an unwritten output
+        scale = std::fabs(a[i]) > scale ? std::fabs(a[i]) : scale;
+      }
+      const double rel = worst / (scale > 0 ? scale : 1);
+      bad += rel < 1e-4 ? 0 : 1;
+      std::printf(" %8s %8.1e", sh.name, rel);
+    }
+    std::printf("\n");
+  }
+  std::printf("\nback to back, us per call (GB/s); S stages, C elements per row per stage, B "
+              "blocks per SM\n%-14s", "variant");
+  for (const Shape& sh : singles) std::printf(" %16s", sh.name);
+  std::printf("\n%-14s", ref.name);
+  for (const Shape& sh : singles) {
+    const double us = Micros(s, 30, [&] { LaunchRows(ref, false, s, x, pool, sh.k, sh.n, y); });
+    std::printf(" %7.1f (%6.0f)", us, sh.n * sh.k * 2 / us / 1e3);
+  }
+  std::printf("\n");
+  for (const BulkVariant& v : variants) {
+    std::printf("%-14s", v.name);
+    for (const Shape& sh : singles) {
+      const double us = Micros(s, 30, [&] { LaunchBulk(v, sms, s, x, pool, sh.k, sh.n, y); });
+      std::printf(" %7.1f (%6.0f)", us, sh.n * sh.k * 2 / us / 1e3);
+    }
+    std::printf("\n");
+  }
+  std::printf("\ngraph of the decode chain: %zu GEMVs, %.1f MB, roofline %.1f us at 4.8 TB/s\n",
+              chain.size(), total * 2 / 1e6, total * 2 / 4.8e6);
+  const double ref_us = GraphMicros(s, 20, [&] {
+    size_t off = 0;
+    for (const Shape& c : chain) {
+      LaunchRows(ref, false, s, x, pool + off, c.k, c.n, y);
+      off += c.n * c.k;
+    }
+  });
+  std::printf("%-14s %8.1f us/step %6.0f GB/s\n", ref.name, ref_us, total * 2 / ref_us / 1e3);
+  for (const BulkVariant& v : variants) {
+    const double us = GraphMicros(s, 20, [&] {
+      size_t off = 0;
+      for (const Shape& c : chain) {
+        LaunchBulk(v, sms, s, x, pool + off, c.k, c.n, y);
+        off += c.n * c.k;
+      }
+    });
+    std::printf("%-14s %8.1f us/step %6.0f GB/s\n", v.name, us, total * 2 / us / 1e3);
+  }
+  return bad == 0 ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
   const char* what = argc > 1 ? argv[1] : "";
   cudaStream_t s;
@@ -720,6 +959,7 @@ int main(int argc, char** argv) {
   if (!std::strcmp(what, "moe")) return Moe(s);
   if (!std::strcmp(what, "prefetch")) return Prefetch(s);
   if (!std::strcmp(what, "overlap")) return Overlap(s);
-  std::fprintf(stderr, "usage: %s gemv|moe|prefetch|overlap\n", argv[0]);
+  if (!std::strcmp(what, "bulk")) return Bulk(s);
+  std::fprintf(stderr, "usage: %s gemv|moe|prefetch|overlap|bulk\n", argv[0]);
   return 2;
 }
