@@ -198,6 +198,17 @@ T* DeviceFill(size_t count, int byte) {
   return p;
 }
 
+// One table row: `name`, then per shape the us per call of launch(shape) back to back (and GB/s).
+template <class F>
+void TimeRow(cudaStream_t s, const char* name, const std::vector<Shape>& shapes, F launch) {
+  std::printf("%-14s", name);
+  for (const Shape& sh : shapes) {
+    const double us = Micros(s, 30, [&] { launch(sh); });
+    std::printf(" %7.1f (%6.0f)", us, sh.n * sh.k * 2 / us / 1e3);
+  }
+  std::printf("\n");
+}
+
 // The weights a batch-1 step streams, as GEMV shapes in order: per layer the attention
 // projections, the router, the shared expert and 6 routed experts; 3 layers, then lm_head.
 std::vector<Shape> DecodeChain() {
@@ -236,12 +247,8 @@ int Gemv(cudaStream_t s) {
   for (const Shape& sh : singles) std::printf(" %16s", sh.name);
   std::printf("\n");
   for (const Variant& v : variants) {
-    std::printf("%-14s", v.name);
-    for (const Shape& sh : singles) {
-      const double us = Micros(s, 30, [&] { LaunchRows(v, false, s, x, pool, sh.k, sh.n, y); });
-      std::printf(" %7.1f (%6.0f)", us, sh.n * sh.k * 2 / us / 1e3);
-    }
-    std::printf("\n");
+    TimeRow(s, v.name, singles,
+            [&](const Shape& sh) { LaunchRows(v, false, s, x, pool, sh.k, sh.n, y); });
   }
   std::printf("\ngraph of the decode chain: %zu GEMVs (3 layers + lm_head), %.1f MB, roofline "
               "%.1f us at 4.8 TB/s; tiny=1 puts a small dependent kernel before each GEMV\n",
@@ -914,39 +921,33 @@ int Bulk(cudaStream_t s) {
   std::printf("\nback to back, us per call (GB/s); S stages, C elements per row per stage, B "
               "blocks per SM\n%-14s", "variant");
   for (const Shape& sh : singles) std::printf(" %16s", sh.name);
-  std::printf("\n%-14s", ref.name);
-  for (const Shape& sh : singles) {
-    const double us = Micros(s, 30, [&] { LaunchRows(ref, false, s, x, pool, sh.k, sh.n, y); });
-    std::printf(" %7.1f (%6.0f)", us, sh.n * sh.k * 2 / us / 1e3);
-  }
   std::printf("\n");
+  TimeRow(s, ref.name, singles,
+          [&](const Shape& sh) { LaunchRows(ref, false, s, x, pool, sh.k, sh.n, y); });
   for (const BulkVariant& v : variants) {
-    std::printf("%-14s", v.name);
-    for (const Shape& sh : singles) {
-      const double us = Micros(s, 30, [&] { LaunchBulk(v, sms, s, x, pool, sh.k, sh.n, y); });
-      std::printf(" %7.1f (%6.0f)", us, sh.n * sh.k * 2 / us / 1e3);
-    }
-    std::printf("\n");
+    TimeRow(s, v.name, singles,
+            [&](const Shape& sh) { LaunchBulk(v, sms, s, x, pool, sh.k, sh.n, y); });
   }
   std::printf("\ngraph of the decode chain: %zu GEMVs, %.1f MB, roofline %.1f us at 4.8 TB/s\n",
               chain.size(), total * 2 / 1e6, total * 2 / 4.8e6);
-  const double ref_us = GraphMicros(s, 20, [&] {
-    size_t off = 0;
-    for (const Shape& c : chain) {
-      LaunchRows(ref, false, s, x, pool + off, c.k, c.n, y);
-      off += c.n * c.k;
-    }
-  });
-  std::printf("%-14s %8.1f us/step %6.0f GB/s\n", ref.name, ref_us, total * 2 / ref_us / 1e3);
-  for (const BulkVariant& v : variants) {
+  // One graph of the chain, each GEMV through launch(weights, shape).
+  auto chain_row = [&](const char* name, auto launch) {
     const double us = GraphMicros(s, 20, [&] {
       size_t off = 0;
       for (const Shape& c : chain) {
-        LaunchBulk(v, sms, s, x, pool + off, c.k, c.n, y);
+        launch(pool + off, c);
         off += c.n * c.k;
       }
     });
-    std::printf("%-14s %8.1f us/step %6.0f GB/s\n", v.name, us, total * 2 / us / 1e3);
+    std::printf("%-14s %8.1f us/step %6.0f GB/s\n", name, us, total * 2 / us / 1e3);
+  };
+  chain_row(ref.name, [&](const bf16* w, const Shape& c) {
+    LaunchRows(ref, false, s, x, w, c.k, c.n, y);
+  });
+  for (const BulkVariant& v : variants) {
+    chain_row(v.name, [&](const bf16* w, const Shape& c) {
+      LaunchBulk(v, sms, s, x, w, c.k, c.n, y);
+    });
   }
   return bad == 0 ? 0 : 1;
 }
