@@ -198,15 +198,30 @@ T* DeviceFill(size_t count, int byte) {
   return p;
 }
 
-// One table row: `name`, then per shape the us per call of launch(shape) back to back (and GB/s).
+// A per-shape table: `title` (ending in a newline), then the header row ("variant" in a column
+// `width` wide, then the shapes' names).
+void TableHeader(const char* title, int width, const std::vector<Shape>& shapes) {
+  std::printf("%s%-*s", title, width, "variant");
+  for (const Shape& sh : shapes) std::printf(" %16s", sh.name);
+  std::printf("\n");
+}
+
+// One row of such a table: `name`, then per shape us(shape) microseconds per call and GB/s.
 template <class F>
-void TimeRow(cudaStream_t s, const char* name, const std::vector<Shape>& shapes, F launch) {
-  std::printf("%-14s", name);
+void Row(const char* name, int width, const std::vector<Shape>& shapes, F us) {
+  std::printf("%-*s", width, name);
   for (const Shape& sh : shapes) {
-    const double us = Micros(s, 30, [&] { launch(sh); });
-    std::printf(" %7.1f (%6.0f)", us, sh.n * sh.k * 2 / us / 1e3);
+    const double t = us(sh);
+    std::printf(" %7.1f (%6.0f)", t, sh.n * sh.k * 2 / t / 1e3);
   }
   std::printf("\n");
+}
+
+// A row timed back to back: launch(shape) 30 times per shape.
+template <class F>
+void TimeRow(cudaStream_t s, const char* name, const std::vector<Shape>& shapes, F launch) {
+  Row(name, 14, shapes,
+      [&](const Shape& sh) { return Micros(s, 30, [&] { launch(sh); }); });
 }
 
 // The weights a batch-1 step streams, as GEMV shapes in order: per layer the attention
@@ -242,10 +257,9 @@ int Gemv(cudaStream_t s) {
                                       {"kv", 512, 4096},     {"o_b", 4096, 8192},
                                       {"o_a", 8192, 4096},   {"sh_gu", 4096, 4096},
                                       {"sh_dn", 4096, 2048}, {"lm_head", 129280, 4096}};
-  std::printf("back to back, us per call (GB/s); R rows per warp, U loads per lane per pass, "
-              "T threads\n%-14s", "variant");
-  for (const Shape& sh : singles) std::printf(" %16s", sh.name);
-  std::printf("\n");
+  TableHeader("back to back, us per call (GB/s); R rows per warp, U loads per lane per pass, "
+              "T threads\n",
+              14, singles);
   for (const Variant& v : variants) {
     TimeRow(s, v.name, singles,
             [&](const Shape& sh) { LaunchRows(v, false, s, x, pool, sh.k, sh.n, y); });
@@ -652,19 +666,15 @@ int Overlap(cudaStream_t s) {
                                       {"o_b", 4096, 8192},      {"o_a", 8192, 4096},
                                       {"sh_gu", 4096, 4096},    {"sh_dn", 4096, 2048},
                                       {"ex_gu6", 24576, 4096},  {"ex_dn7", 28672, 2048}};
-  std::printf("PDL chains of one shape (8 calls in a graph), us per call (GB/s); W warps per row, "
-              "pf = L2 bulk prefetch of the rows before the wait\n%-16s", "variant");
-  for (const Shape& sh : singles) std::printf(" %16s", sh.name);
-  std::printf("\n");
+  TableHeader("PDL chains of one shape (8 calls in a graph), us per call (GB/s); W warps per row, "
+              "pf = L2 bulk prefetch of the rows before the wait\n",
+              16, singles);
   for (const OverlapVariant& v : variants) {
-    std::printf("%-16s", v.name);
-    for (const Shape& sh : singles) {
-      const double us = GraphMicros(s, 20, [&] {
-                          for (int i = 0; i < 8; ++i) LaunchPdlRows(v, s, x, pool, sh.k, sh.n, y);
-                        }) / 8;
-      std::printf(" %7.1f (%6.0f)", us, sh.n * sh.k * 2 / us / 1e3);
-    }
-    std::printf("\n");
+    Row(v.name, 16, singles, [&](const Shape& sh) {
+      return GraphMicros(s, 20, [&] {
+               for (int i = 0; i < 8; ++i) LaunchPdlRows(v, s, x, pool, sh.k, sh.n, y);
+             }) / 8;
+    });
   }
   // The experts at one token: gate/up of 6 routed slots (2 rows per group, shared x) and the
   // down projection of 7 slots (7 rows per group, one x per slot), each 8 calls in a PDL graph.
@@ -918,10 +928,9 @@ int Bulk(cudaStream_t s) {
     }
     std::printf("\n");
   }
-  std::printf("\nback to back, us per call (GB/s); S stages, C elements per row per stage, B "
-              "blocks per SM\n%-14s", "variant");
-  for (const Shape& sh : singles) std::printf(" %16s", sh.name);
-  std::printf("\n");
+  TableHeader("\nback to back, us per call (GB/s); S stages, C elements per row per stage, B "
+              "blocks per SM\n",
+              14, singles);
   TimeRow(s, ref.name, singles,
           [&](const Shape& sh) { LaunchRows(ref, false, s, x, pool, sh.k, sh.n, y); });
   for (const BulkVariant& v : variants) {
