@@ -26,6 +26,21 @@ __global__ void RmsNormKernel(const float* x, const float* w, int64_t dim, float
   }
 }
 
+// Thread i's float4 of row `row` of x (zeros past the row), RMS-normalised with w (unweighted
+// when null) by RmsNormalize4: the shared start of the one-block-per-row kernels below.
+__device__ __forceinline__ float4 NormalizedRow4(const float* x, const float* w, int64_t row,
+                                                 int dim, float eps, double* scratch) {
+  const int n4 = dim >> 2;
+  const int i = threadIdx.x;
+  float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+  float4 wv = make_float4(1.f, 1.f, 1.f, 1.f);
+  if (i < n4) {
+    a = reinterpret_cast<const float4*>(x + row * dim)[i];
+    if (w != nullptr) wv = reinterpret_cast<const float4*>(w)[i];
+  }
+  return RmsNormalize4(a, wv, w != nullptr, dim, eps, scratch);
+}
+
 // One block per row, the whole row in registers (one float4 per thread, blockDim = dim/4 rounded
 // up to a warp): one read, one write. Sum of squares in double like the generic kernel.
 __global__ void __launch_bounds__(1024) RmsNormRegKernel(const float* x, const float* w, int dim,
@@ -34,17 +49,9 @@ __global__ void __launch_bounds__(1024) RmsNormRegKernel(const float* x, const f
   PdlWait();
   __shared__ double scratch[32];
   const int64_t row = blockIdx.x;
-  const int n4 = dim >> 2;
   const int i = threadIdx.x;
-  const float4* xr = reinterpret_cast<const float4*>(x + row * dim);
-  float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-  float4 wv = make_float4(1.f, 1.f, 1.f, 1.f);
-  if (i < n4) {
-    a = xr[i];
-    if (w != nullptr) wv = reinterpret_cast<const float4*>(w)[i];
-  }
-  const float4 o = RmsNormalize4(a, wv, w != nullptr, dim, eps, scratch);
-  if (i < n4) reinterpret_cast<float4*>(y + row * dim)[i] = o;
+  const float4 o = NormalizedRow4(x, w, row, dim, eps, scratch);
+  if (i < (dim >> 2)) reinterpret_cast<float4*>(y + row * dim)[i] = o;
 }
 
 __global__ void RopeKernel(float* x, int64_t heads, int64_t dim, int64_t rope_dims,
@@ -76,13 +83,7 @@ __global__ void __launch_bounds__(1024) RmsNormRopeKernel(float* x, const float*
   const int n4 = dim >> 2;
   const int i = threadIdx.x;
   float4* xr = reinterpret_cast<float4*>(x + row * dim);
-  float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-  float4 wv = make_float4(1.f, 1.f, 1.f, 1.f);
-  if (i < n4) {
-    a = xr[i];
-    if (w != nullptr) wv = reinterpret_cast<const float4*>(w)[i];
-  }
-  const float4 n = RmsNormalize4(a, wv, w != nullptr, dim, eps, scratch);
+  const float4 n = NormalizedRow4(x, w, row, dim, eps, scratch);
   if (i >= n4) return;
   float o[4] = {n.x, n.y, n.z, n.w};
   const int first = (dim - rope_dims) >> 2;  // the first float4 of the rope region
