@@ -37,18 +37,76 @@ __device__ __forceinline__ float Dot8(uint4 w, const X8& x, float acc) {
   return acc;
 }
 
-// The weight-streaming loop shared by every kernel here: group g is computed by kW warps of one
+// One warp's weight stream: R weight rows (bf16; a null row is skipped and sums to 0) each
+// against its activation vector x[r] (kSharedX: all against x[0]) over the warp's slice
+// [k0, k1) of k (whole 256-chunks from k0). Each pass loads U chunks of 256 k of every row
+// (R * U 16-byte loads per lane) before using any; acc[r] holds this lane's partial sums (in
+// chunk order). Load(k0) may be issued early (before the PDL wait, for plain weights) and Run()
+// streams the rest.
+template <int R, int U, bool kSharedX>
+struct WarpStream {
+  const __nv_bfloat16* w[R];
+  const float* x[R];
+  int64_t k1 = 0;
+  uint4 v[R][U];
+  float acc[R];
+
+  __device__ __forceinline__ void Load(int64_t base) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t kk = base + u * kChunk + lane * 8;
+        v[r][u] = w[r] != nullptr && kk < k1
+                      ? LoadWeights16(reinterpret_cast<const uint4*>(w[r] + kk))
+                      : make_uint4(0, 0, 0, 0);
+      }
+    }
+  }
+  __device__ __forceinline__ void Use(int64_t base) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t kk = base + u * kChunk + lane * 8;
+      if (kk < k1) {
+        if constexpr (kSharedX) {
+          const X8 xv = LoadX8(x[0] + kk);
+#pragma unroll
+          for (int r = 0; r < R; ++r) acc[r] = Dot8(v[r][u], xv, acc[r]);
+        } else {
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            if (w[r] != nullptr) acc[r] = Dot8(v[r][u], LoadX8(x[r] + kk), acc[r]);
+          }
+        }
+      }
+    }
+  }
+  // After Load(k0): every pass of [k0, k1).
+  __device__ __forceinline__ void Run(int64_t k0) {
+    constexpr int64_t kPer = int64_t{U} * kChunk;
+    for (int64_t base = k0; base < k1;) {
+      Use(base);
+      base += kPer;
+      if (base >= k1) break;
+      Load(base);
+    }
+  }
+};
+
+// The weight-streaming kernel behind every GEMV here: group g is computed by kW warps of one
 // block, each over its own slice of k (whole 256-chunks; warp order = slice order): R weight rows
-// (bf16, length k, k % 8 == 0; a null row is skipped and sums to 0) each against its activation
-// vector, given by op.Rows(g, w, x); the slices' sums are added in slice order through shared
-// memory and the first warp ends with op.Finish(g, sums) (every lane holds the sums). Each pass
-// loads U chunks of 256 k of every row (R * U 16-byte loads per lane) before using any. Few
-// loads per lane and two warps per row once k >= 2048 (kTwoWarpK): the shapes measured best on
-// the H200 (bench/lab/decode_floor_lab.cu; gemv.log: many resident warps beat deep per-warp
-// batches, persistent double-buffered warps were slower still; overlap*.log, in a PDL graph of
-// the step's 61 GEMVs: 1 warp per row with 4 loads per pass 893 us, 2 warps with 2 loads 778 us
-// in 128-thread blocks and 741 us in 256-thread blocks; an L2 bulk prefetch of the rows before
-// the wait made every variant slower).
+// each against its activation vector (WarpStream), given by op.Rows(g, w, x); the slices' sums
+// are added in slice order through shared memory and the first warp ends with op.Finish(g, sums)
+// (every lane holds the sums). Few loads per lane and two warps per row once k >= 2048
+// (kTwoWarpK): the shapes measured best on the H200 (bench/lab/decode_floor_lab.cu; gemv.log:
+// many resident warps beat deep per-warp batches, persistent double-buffered warps were slower
+// still; overlap*.log, in a PDL graph of the step's 61 GEMVs: 1 warp per row with 4 loads per
+// pass 893 us, 2 warps with 2 loads 778 us in 128-thread blocks and 741 us in 256-thread blocks;
+// an L2 bulk prefetch of the rows before the wait made every variant slower; bulk.log of
+// 2026-11-30: weights streamed by bulk copies (TMA) into a shared-memory ring were 25-45 %
+// slower than these 16-byte loads on every shape).
 //
 // Programmatic dependent launch (launched with LaunchPdl): the kernel lets its dependents launch
 // at once, and with kConstRows (the rows do not depend on earlier kernels: plain weights) it
@@ -68,67 +126,27 @@ __global__ void __launch_bounds__(kThreads) StreamKernel(const Op op, int64_t gr
   // This warp's slice [k0, k1) of k.
   const int64_t klen = kW == 1 ? k : ((k + kW - 1) / kW + kChunk - 1) / kChunk * kChunk;
   const int64_t k0 = std::min<int64_t>(k, (warp % kW) * klen);
-  const int64_t k1 = std::min<int64_t>(k, k0 + klen);
-  const __nv_bfloat16* w[R];
-  const float* x[R];
-  uint4 v[R][U];
-  auto load = [&](int64_t base) {
+  WarpStream<R, U, kSharedX> ws;
+  ws.k1 = live ? std::min<int64_t>(k, k0 + klen) : k0;
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t kk = base + u * kChunk + lane * 8;
-        v[r][u] = w[r] != nullptr && kk < k1
-                      ? LoadWeights16(reinterpret_cast<const uint4*>(w[r] + kk))
-                      : make_uint4(0, 0, 0, 0);
-      }
-    }
-  };
-  float acc[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-  auto use = [&](int64_t base) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t kk = base + u * kChunk + lane * 8;
-      if (kk < k1) {
-        if constexpr (kSharedX) {
-          const X8 xv = LoadX8(x[0] + kk);
-#pragma unroll
-          for (int r = 0; r < R; ++r) acc[r] = Dot8(v[r][u], xv, acc[r]);
-        } else {
-#pragma unroll
-          for (int r = 0; r < R; ++r) {
-            if (w[r] != nullptr) acc[r] = Dot8(v[r][u], LoadX8(x[r] + kk), acc[r]);
-          }
-        }
-      }
-    }
-  };
+  for (int r = 0; r < R; ++r) ws.acc[r] = 0.0f;
   if constexpr (kConstRows) {
     if (live) {
-      op.Rows(g, w, x);
-      load(k0);
+      op.Rows(g, ws.w, ws.x);
+      ws.Load(k0);
     }
     PdlWait();
   } else {
     PdlWait();
     if (live) {
-      op.Rows(g, w, x);
-      load(k0);
+      op.Rows(g, ws.w, ws.x);
+      ws.Load(k0);
     }
   }
-  constexpr int64_t kPer = int64_t{U} * kChunk;
-  if (live && k0 < k1) {
-    for (int64_t base = k0;;) {
-      use(base);
-      base += kPer;
-      if (base >= k1) break;
-      load(base);
-    }
-  }
+  ws.Run(k0);
+  float acc[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) acc[r] = WarpSum(acc[r]);
+  for (int r = 0; r < R; ++r) acc[r] = WarpSum(ws.acc[r]);
   if constexpr (kW > 1) {
     if (lane == 0) {
 #pragma unroll
@@ -217,32 +235,51 @@ struct GateUpOp {
   }
 };
 
-// Group d = output row d over every slot (row r = slot r, against h[r]): out[d] = Σ_{s < top_k}
-// weights[s] · sum_s in slot order, then + the shared expert's sum.
-struct DownOp {
-  MoeDecodeArgs a;
-  __device__ __forceinline__ void Rows(int64_t d, const __nv_bfloat16* (&wr)[kMoeDecodeMaxSlots],
-                                       const float* (&xr)[kMoeDecodeMaxSlots]) const {
+// The down projection of MoeDecodeBf16 with one warp per slot: block b covers the R output rows
+// d0 = b * R .. d0 + R - 1; warp s streams slot s's R down rows (its expert's rows d0.., all of
+// I) against the slot's SwiGLU output, which the R rows share (one activation load per R weight
+// loads); the block then combines the slots through
+// shared memory in slot order: out[d] = Σ_{s < top_k} weights[s] · sum_s, then + the shared
+// expert's sum. On the H200 (bench/results/h200-2026-11-30e) this is 32.5 us for slice3's 117 MB
+// (75 % of the HBM rate) where one group per output row over all 8 slots (two warps, each with
+// an activation load per weight load, 93 registers) took 45 us; R = 2, 4 or 8 rows per warp
+// measured alike, R = 4 (62 registers) is kept.
+template <int R, int U>
+__global__ void __launch_bounds__(kThreads) DownSlotsKernel(const MoeDecodeArgs a) {
+  static_assert(kWarps == kMoeDecodeMaxSlots, "one warp per slot");
+  PdlTrigger();
+  __shared__ float red[kWarps][R];
+  const int lane = threadIdx.x & 31, s = threadIdx.x >> 5;
+  const int64_t d0 = int64_t{blockIdx.x} * R;
+  PdlWait();  // the expert ids, routing weights and h come from earlier kernels
+  const __nv_bfloat16* base = SlotWeights(a, s, a.down, a.shared_down, a.dim * a.inter);
+  WarpStream<R, U, true> ws;
+  ws.k1 = base != nullptr ? a.inter : 0;
+  ws.x[0] = s == a.top_k && a.shared_h != nullptr ? a.shared_h : a.h + s * a.inter;
 #pragma unroll
-    for (int r = 0; r < kMoeDecodeMaxSlots; ++r) {
-      const __nv_bfloat16* base = SlotWeights(a, r, a.down, a.shared_down, a.dim * a.inter);
-      wr[r] = base != nullptr ? base + d * a.inter : nullptr;
-      xr[r] = r == a.top_k && a.shared_h != nullptr ? a.shared_h : a.h + r * a.inter;
-    }
+  for (int r = 0; r < R; ++r) {
+    ws.w[r] = base != nullptr && d0 + r < a.dim ? base + (d0 + r) * a.inter : nullptr;
+    ws.acc[r] = 0.0f;
   }
-  __device__ __forceinline__ void Finish(int64_t d, const float (&acc)[kMoeDecodeMaxSlots]) const {
-    if ((threadIdx.x & 31) != 0) return;
-    float sum = 0.0f, shared = 0.0f;
+  if (ws.k1 > 0) ws.Load(0);
+  ws.Run(0);
 #pragma unroll
-    for (int s = 0; s < kMoeDecodeMaxSlots; ++s) {  // unrolled: acc stays in registers
-      if (s < a.top_k && SlotWeights(a, s, a.down, a.shared_down, 0) != nullptr) {
-        sum += a.weights[s] * acc[s];
-      }
-      if (s == a.top_k && a.shared_down != nullptr) shared = acc[s];
-    }
-    a.out[d] = sum + shared;
+  for (int r = 0; r < R; ++r) {
+    const float sum = WarpSum(ws.acc[r]);
+    if (lane == 0) red[s][r] = sum;
   }
-};
+  __syncthreads();
+  if (s != 0 || lane >= R || d0 + lane >= a.dim) return;
+  float sum = 0.0f, shared = 0.0f;
+#pragma unroll
+  for (int q = 0; q < kMoeDecodeMaxSlots; ++q) {
+    if (q < a.top_k && SlotWeights(a, q, a.down, a.shared_down, 0) != nullptr) {
+      sum += a.weights[q] * red[q][lane];
+    }
+    if (q == a.top_k && a.shared_down != nullptr) shared = red[q][lane];
+  }
+  a.out[d0 + lane] = sum + shared;
+}
 
 }  // namespace
 
@@ -280,7 +317,12 @@ absl::Status MoeDecodeBf16(const MoeDecodeArgs& a, cudaStream_t stream) {
       !st.ok()) {
     return st;
   }
-  return LaunchStream<kMoeDecodeMaxSlots, 1, false, false>(DownOp{a}, a.dim, a.inter, stream);
+  constexpr int kDownRows = 4;
+  CUDA_RETURN_IF_ERROR(
+      LaunchPdl(DownSlotsKernel<kDownRows, 2>,
+                dim3(static_cast<unsigned>((a.dim + kDownRows - 1) / kDownRows)), dim3(kThreads),
+                0, stream, a));
+  return absl::OkStatus();
 }
 
 bool SharedExpertUpFits(const MoeDecodeArgs& a) {
