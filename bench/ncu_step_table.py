@@ -10,7 +10,7 @@ import csv
 import sys
 
 HBM_BYTES_PER_US = 4.8e6  # H200 spec, 4.8 TB/s
-PRODUCTS = ("StreamKernel", "SplitGemv", "nvjet", "gemm", "Gemm")
+PRODUCTS = ("StreamKernel", "DownSlots", "SplitGemv", "nvjet", "gemm", "Gemm")
 
 
 def main(path):
