@@ -398,7 +398,7 @@ struct TcKeyRows {
 
 constexpr int kTcThreads = 256;          // 8 warps
 constexpr int kTcWarps = kTcThreads / 32;
-constexpr int kTcHeads = 32;             // heads per block (16 when heads % 32 != 0)
+constexpr int kTcHeads = 32;             // heads per block (or 16: TcHeadsPerBlock)
 constexpr int kTcN = 32;                 // keys per chunk
 constexpr int kTcPad = 8;                // bf16 padding of each sQ / sK / sP row
 constexpr int kTcKSplit = 4;             // S: warps split the head dim 4 ways ...
@@ -762,7 +762,16 @@ __global__ void __launch_bounds__(kTcThreads, kHeads <= 32 ? 2 : 1)
   }
 }
 
-int TcHeadsPerBlock(const AttentionDims& s) { return s.heads % kTcHeads == 0 ? kTcHeads : 16; }
+// Heads per block: 32 (K staged once for more heads) unless heads % 32 != 0 or the 32-head grid
+// would cover fewer than a quarter of the SMs (small decode batches): then 16, twice the blocks.
+// On the H200 at batch 1 (bench/results/h200-2026-11-30e/round4) 16 heads per block took the
+// sliding-window attention from 10.8 to 7.1 us, CSA's from 12.5 to 9.7 and HCA's from 9.2 to
+// 7.0, the slice3 FULL step from 0.918 to 0.901 ms; batch 8 measured level (2.414 / 2.407 ms).
+constexpr int64_t kTcFewBlocks = 32;
+int TcHeadsPerBlock(const AttentionDims& s, int64_t tokens) {
+  if (s.heads % kTcHeads != 0) return 16;
+  return tokens * (s.heads / kTcHeads) < kTcFewBlocks ? 16 : kTcHeads;
+}
 
 // Keys per split: max_keys spread evenly, rounded up to whole chunks.
 int64_t TcSplitLen(const AttentionDims& s, int splits) {
@@ -771,7 +780,7 @@ int64_t TcSplitLen(const AttentionDims& s, int splits) {
 }
 
 int TcSplits(const AttentionDims& s, int64_t tokens) {
-  const int64_t blocks = tokens * (s.heads / TcHeadsPerBlock(s));
+  const int64_t blocks = tokens * (s.heads / TcHeadsPerBlock(s, tokens));
   const int64_t chunks = (s.max_keys + kTcN - 1) / kTcN;
   if (blocks <= 0 || chunks <= 1 || blocks >= kTcTargetBlocks) return 1;
   // At most one wave of blocks, at least one chunk per split.
@@ -840,7 +849,7 @@ absl::Status Attention(const AttentionDims& s, const RaggedBatchView& b, const f
   if (AttentionUsesTensorCores(s)) {
 #define DSV4_ATTN_TC(D)                                                                           \
   if (s.dim == D) {                                                                               \
-    return TcHeadsPerBlock(s) == kTcHeads                                                         \
+    return TcHeadsPerBlock(s, b.num_tokens) == kTcHeads                                           \
                ? LaunchTc<kTcHeads, D>(s, b, q, kv, ring, entries, selected, sinks, out,          \
                                        workspace, stream)                                         \
                : LaunchTc<16, D>(s, b, q, kv, ring, entries, selected, sinks, out, workspace,     \

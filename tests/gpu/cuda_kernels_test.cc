@@ -692,7 +692,7 @@ TEST(CudaOps, AttentionSlidingCsaHcaWithSink) {
 // The bf16 tensor-core attention (the CUDA backend in bf16 precision) against the exact CPU
 // reference at the Flash shapes: decode batches of 1, 8 and 64 at mixed contexts (tokens with no
 // compressed entry yet: positions 0, 2, 3) through the split-KV path, and a prefill batch large
-// enough to run without key splits.
+// enough to run without key splits. Batches 1 and 8 run 16 heads per block, 64 and the prefill 32.
 // Tolerance. The kernel rounds q and the keys (= values) to bf16 (unit roundoff u = 2^-8) and the
 // probabilities P to bf16 for P.V; products accumulate in fp32 and the softmax is fp32. With
 // inputs that are already bf16 values (the main check) only the P rounding remains: the output is
