@@ -68,18 +68,22 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   std::unique_ptr<CudaBackend> b(new CudaBackend(options));
   CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
   ASSIGN_OR_RETURN(b->stream_, CudaStream::Create());
-  ASSIGN_OR_RETURN(b->side_, CudaStream::Create());
+  for (int i = 0; i < kSideLanes; ++i) {
+    ASSIGN_OR_RETURN(b->side_[i], CudaStream::Create());
+    ASSIGN_OR_RETURN(b->side_done_[i], CudaEvent::Create(cudaEventDisableTiming));
+    ASSIGN_OR_RETURN(b->side_gemm_[i], cuda::Gemm::Create());
+  }
   ASSIGN_OR_RETURN(b->side_fork_, CudaEvent::Create(cudaEventDisableTiming));
-  ASSIGN_OR_RETURN(b->side_done_, CudaEvent::Create(cudaEventDisableTiming));
   ASSIGN_OR_RETURN(b->meta_copied_, CudaEvent::Create(cudaEventDisableTiming));
   ASSIGN_OR_RETURN(b->gemm_, cuda::Gemm::Create());
-  ASSIGN_OR_RETURN(b->side_gemm_, cuda::Gemm::Create());
   ASSIGN_OR_RETURN(const bool profile, EnvBool("DSV4_PROFILE_OPS", false));
   if (profile) {
     ASSIGN_OR_RETURN(b->profile_, OpProfile::Create());
   }
   // DSV4_ROW_GEMV=0: single-token products take the general paths (the benchmark's baseline).
   ASSIGN_OR_RETURN(b->row_gemv_, EnvBool("DSV4_ROW_GEMV", true));
+  ASSIGN_OR_RETURN(const bool two_sides, EnvBool("DSV4_TWO_SIDE_STREAMS", true));
+  b->side_lanes_ = two_sides ? kSideLanes : 1;
   // DSV4_PDL=0: no programmatic dependent launch (read by the launchers; checked here so that a
   // bad value is an error, not a silent "on").
   RETURN_IF_ERROR(EnvBool("DSV4_PDL", true).status());
@@ -88,7 +92,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
 
 CudaBackend::~CudaBackend() {
   ProfileRelease();
-  if (side_.get() != nullptr) CUDA_LOG_IF_ERROR(cudaStreamSynchronize(side_.get()));
+  for (const CudaStream& side : side_) {
+    if (side.get() != nullptr) CUDA_LOG_IF_ERROR(cudaStreamSynchronize(side.get()));
+  }
   if (stream_.get() != nullptr) CUDA_LOG_IF_ERROR(cudaStreamSynchronize(stream_.get()));
   if (profile_) std::fputs(profile_->Report().c_str(), stderr);
 }
@@ -189,7 +195,7 @@ absl::StatusOr<Tensor> CudaBackend::Bump(Arena* arena, DType dtype, Shape shape)
 
 absl::Status CudaBackend::BeginStep(const StepMeta& meta) {
   CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
-  if (pw_ != nullptr || eager_depth_ != 0 || on_side_ || side_pending_) {
+  if (pw_ != nullptr || eager_depth_ != 0 || on_side_ || side_pending_ != 0) {
     // A failed step left a capture, piecewise run or side region open: close it (joining the
     // side stream) so that one error does not fail every later step.
     std::fputs("cuda backend: closing a graph capture or side region left open by a failed step\n",
@@ -307,7 +313,7 @@ absl::Status CudaBackend::CutSegment() {
 
 absl::Status CudaBackend::EnterEager() {
   if (pw_ == nullptr || eager_depth_++ > 0) return absl::OkStatus();
-  if (on_side_ || side_pending_) {
+  if (on_side_ || side_pending_ != 0) {
     return absl::InternalError("piecewise cut inside a side region (join it first)");
   }
   skip_ = false;
@@ -324,25 +330,22 @@ absl::Status CudaBackend::LeaveEager() {
 absl::Status CudaBackend::Mark(StepMark mark) {
   switch (mark) {
     case StepMark::kSideBegin:
-      // Op profiling times one stream: side work stays on the main stream then. A second side
-      // region before the join queues behind the first on the side stream (the join waits for
-      // the last one).
+      // Op profiling times one stream: side work stays on the main stream then.
       if (profile_ || on_side_) return absl::OkStatus();
       CUDA_RETURN_IF_ERROR(cudaEventRecord(side_fork_.get(), stream_.get()));
-      CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side_.get(), side_fork_.get(), 0));
+      CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side_[side_lane_].get(), side_fork_.get(), 0));
       on_side_ = true;
       return absl::OkStatus();
     case StepMark::kSideEnd:
       if (!on_side_) return absl::OkStatus();
       on_side_ = false;
-      side_pending_ = true;
-      CUDA_RETURN_IF_ERROR(cudaEventRecord(side_done_.get(), side_.get()));
+      side_pending_ |= 1u << side_lane_;
+      CUDA_RETURN_IF_ERROR(
+          cudaEventRecord(side_done_[side_lane_].get(), side_[side_lane_].get()));
+      side_lane_ = (side_lane_ + 1) % side_lanes_;
       return absl::OkStatus();
     case StepMark::kSideJoin:
-      if (!side_pending_) return absl::OkStatus();
-      side_pending_ = false;
-      CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_.get(), side_done_.get(), 0));
-      return absl::OkStatus();
+      return JoinSides();
     default:
       break;
   }
@@ -372,16 +375,31 @@ absl::Status CudaBackend::Mark(StepMark mark) {
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::JoinSides() {
+  for (int i = 0; i < kSideLanes; ++i) {
+    if ((side_pending_ & (1u << i)) == 0) continue;
+    side_pending_ &= ~(1u << i);
+    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_.get(), side_done_[i].get(), 0));
+  }
+  side_lane_ = 0;
+  return absl::OkStatus();
+}
+
 void CudaBackend::AbortGraphs() {
-  if (on_side_ || side_pending_) {
-    // Join the side stream first: nothing is left behind on it, and a capture that forked onto
-    // it can end (an unjoined fork makes cudaStreamEndCapture fail).
-    cudaEventRecord(side_done_.get(), side_.get());
-    cudaStreamWaitEvent(stream_.get(), side_done_.get(), 0);
+  if (on_side_ || side_pending_ != 0) {
+    // Join the side streams first: nothing is left behind on them, and a capture that forked
+    // onto them can end (an unjoined fork makes cudaStreamEndCapture fail).
+    if (on_side_) side_pending_ |= 1u << side_lane_;
+    for (int i = 0; i < kSideLanes; ++i) {
+      if ((side_pending_ & (1u << i)) == 0) continue;
+      cudaEventRecord(side_done_[i].get(), side_[i].get());
+      cudaStreamWaitEvent(stream_.get(), side_done_[i].get(), 0);
+    }
     cudaGetLastError();
   }
   on_side_ = false;
-  side_pending_ = false;
+  side_pending_ = 0;
+  side_lane_ = 0;
   absl::StatusOr<bool> capturing = Capturing();
   if (capturing.ok() && *capturing) {
     cudaGraph_t g = nullptr;

@@ -24,6 +24,7 @@
 // Not thread-safe; the device is made current on the calling thread in BeginStep().
 #pragma once
 
+#include <array>
 #include <memory>
 #include <vector>
 
@@ -157,9 +158,9 @@ class CudaBackend final : public Backend {
   // The sorted grouped expert path (no shared expert).
   absl::Status RoutedExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,
                              const MoeWeights& w, float swiglu_limit, Tensor out);
-  // The stream ops launch on: the side stream between StepMark::kSideBegin and kSideEnd (the
+  // The stream ops launch on: a side stream between StepMark::kSideBegin and kSideEnd (the
   // compressors overlap the query path; joined by events, captured as graph branches).
-  cudaStream_t cur_stream() const { return on_side_ ? side_.get() : stream_.get(); }
+  cudaStream_t cur_stream() const { return on_side_ ? side_[side_lane_].get() : stream_.get(); }
   // Positions the host sizes launches by: the capacity bound while capturing, else this step's.
   absl::StatusOr<int64_t> LaunchMaxPosition() const;
   // Piecewise cuts: EnterEager ends (capture) or launches (replay) the current segment; LeaveEager
@@ -175,13 +176,25 @@ class CudaBackend final : public Backend {
   CudaBackendOptions options_;
   std::unique_ptr<OpProfile> profile_;
   CudaStream stream_;
-  CudaStream side_;
-  CudaEvent side_fork_, side_done_;
-  bool on_side_ = false, side_pending_ = false;
+  // Side regions open before a join alternate between kSideLanes streams, so two independent
+  // regions (a CSA layer's compressors and its indexer inputs) run side by side; a third queues
+  // behind the first. DSV4_TWO_SIDE_STREAMS=0 keeps every region on one side stream (the
+  // side-by-side baseline).
+  static constexpr int kSideLanes = 2;
+  int side_lanes_ = kSideLanes;
+  std::array<CudaStream, kSideLanes> side_;
+  std::array<CudaEvent, kSideLanes> side_done_;
+  CudaEvent side_fork_;
+  bool on_side_ = false;
+  int side_lane_ = 0;         // the open region's lane, else the next region's
+  unsigned side_pending_ = 0;  // lanes with a region not yet joined (bit mask)
   CudaEvent meta_copied_;
   std::unique_ptr<cuda::Gemm> gemm_;
-  std::unique_ptr<cuda::Gemm> side_gemm_;  // its own cuBLASLt workspace: runs concurrently
-  cuda::Gemm& gemm() { return on_side_ ? *side_gemm_ : *gemm_; }
+  // Each side lane has its own cuBLASLt workspace: they run concurrently.
+  std::array<std::unique_ptr<cuda::Gemm>, kSideLanes> side_gemm_;
+  cuda::Gemm& gemm() { return on_side_ ? *side_gemm_[side_lane_] : *gemm_; }
+  // Joins every pending side lane into the main stream (errors returned, not logged).
+  absl::Status JoinSides();
   std::vector<DeviceBuffer> persistent_;
   size_t persistent_bytes_ = 0;
   Arena model_arena_, op_arena_;

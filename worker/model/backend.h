@@ -56,8 +56,9 @@ enum class StepMark {
   kAttentionEnd,    // it ended (its output projection is done)
   kLayersEnd,       // the last layer is done; the head follows
   // Side work (the compressors of a layer): ops between kSideBegin and kSideEnd depend only on
-  // what came before kSideBegin, and nothing reads their results before kSideJoin, so a backend
-  // may run them concurrently with the ops that follow kSideEnd.
+  // what came before kSideBegin outside other side regions that are not joined yet, and nothing
+  // reads their results before kSideJoin, so a backend may run them concurrently with the ops
+  // that follow kSideEnd and with the other side regions before the join.
   kSideBegin,
   kSideEnd,
   kSideJoin,
