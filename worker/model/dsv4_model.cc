@@ -637,28 +637,27 @@ absl::Status Dsv4Model::AttentionBlock(int64_t l, const Tensor& x, Tensor out) {
       p.rope = crope;
       return be.Compress(p, a, z, state, entries);
     };
+    // One side region per compressor: a backend with two side streams runs a CSA layer's two
+    // compressors side by side.
     RETURN_IF_ERROR(be.Mark(StepMark::kSideBegin));
     RETURN_IF_ERROR(compress(lw.compressor, csa ? 2 : 1, hd, cache.comp_state, cache.entries));
+    RETURN_IF_ERROR(be.Mark(StepMark::kSideEnd));
     if (csa) {
+      RETURN_IF_ERROR(be.Mark(StepMark::kSideBegin));
       RETURN_IF_ERROR(compress(lw.index_compressor, 2, c.index_head_dim, cache.index_state,
                                cache.index_keys));
+      RETURN_IF_ERROR(be.Mark(StepMark::kSideEnd));
     }
-    RETURN_IF_ERROR(be.Mark(StepMark::kSideEnd));
   }
 
-  // The single K=V latent reads x only: side work too where the side stream has room (sliding and
-  // HCA layers; a CSA layer's side stream also carries the indexer's inputs, so there it stays
-  // on the main stream after the query).
+  // The single K=V latent reads x only: side work too (in a CSA layer, with two side streams,
+  // behind the main compressor while the index compressor and then the indexer's inputs take the
+  // other; on the main stream after the query instead it measured the same on the H200).
   ASSIGN_OR_RETURN(Tensor kv, be.Scratch(DType::kF32, Shape{T, hd}));
-  auto latent = [&]() -> absl::Status {
-    RETURN_IF_ERROR(be.Linear(x, lw.kv_proj, kv));
-    return be.RmsNormRope(kv.View(Shape{T, 1, hd}), lw.kv_norm, norm, rope);
-  };
-  if (!csa) {
-    RETURN_IF_ERROR(be.Mark(StepMark::kSideBegin));
-    RETURN_IF_ERROR(latent());
-    RETURN_IF_ERROR(be.Mark(StepMark::kSideEnd));
-  }
+  RETURN_IF_ERROR(be.Mark(StepMark::kSideBegin));
+  RETURN_IF_ERROR(be.Linear(x, lw.kv_proj, kv));
+  RETURN_IF_ERROR(be.RmsNormRope(kv.View(Shape{T, 1, hd}), lw.kv_norm, norm, rope));
+  RETURN_IF_ERROR(be.Mark(StepMark::kSideEnd));
 
   // Query: LoRA down, q_a_norm (cq is shared with the indexer), up, per-head unweighted norm, RoPE.
   ASSIGN_OR_RETURN(Tensor cq, be.Scratch(DType::kF32, Shape{T, c.q_lora_rank}));
@@ -679,7 +678,6 @@ absl::Status Dsv4Model::AttentionBlock(int64_t l, const Tensor& x, Tensor out) {
   ASSIGN_OR_RETURN(Tensor q, be.Scratch(DType::kF32, Shape{T, H, hd}));
   RETURN_IF_ERROR(be.Linear(cq, lw.q_b_proj, q.View(Shape{T, H * hd})));
   RETURN_IF_ERROR(be.RmsNormRope(q, Tensor{}, norm, rope));
-  if (csa) RETURN_IF_ERROR(latent());
 
   Tensor selected;
   if (csa) {
