@@ -251,17 +251,24 @@ __global__ void __launch_bounds__(kThreads) DownSlotsKernel(const MoeDecodeArgs 
   __shared__ float red[kWarps][R];
   const int lane = threadIdx.x & 31, s = threadIdx.x >> 5;
   const int64_t d0 = int64_t{blockIdx.x} * R;
-  PdlWait();  // the expert ids, routing weights and h come from earlier kernels
-  const __nv_bfloat16* base = SlotWeights(a, s, a.down, a.shared_down, a.dim * a.inter);
   WarpStream<R, U, true> ws;
-  ws.k1 = base != nullptr ? a.inter : 0;
-  ws.x[0] = s == a.top_k && a.shared_h != nullptr ? a.shared_h : a.h + s * a.inter;
+  auto rows = [&](const __nv_bfloat16* base) {
+    ws.k1 = base != nullptr ? a.inter : 0;
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    ws.w[r] = base != nullptr && d0 + r < a.dim ? base + (d0 + r) * a.inter : nullptr;
-    ws.acc[r] = 0.0f;
-  }
-  if (ws.k1 > 0) ws.Load(0);
+    for (int r = 0; r < R; ++r) {
+      ws.w[r] = base != nullptr && d0 + r < a.dim ? base + (d0 + r) * a.inter : nullptr;
+      ws.acc[r] = 0.0f;
+    }
+    if (ws.k1 > 0) ws.Load(0);
+  };
+  // The shared expert's rows are plain weights: its warp starts loading them before the wait.
+  // The routed slots' rows follow the expert ids, which (with the routing weights and h) come
+  // from earlier kernels.
+  const bool shared_slot = s == a.top_k;
+  if (shared_slot) rows(static_cast<const __nv_bfloat16*>(a.shared_down));
+  PdlWait();
+  if (!shared_slot) rows(SlotWeights(a, s, a.down, a.shared_down, a.dim * a.inter));
+  ws.x[0] = shared_slot && a.shared_h != nullptr ? a.shared_h : a.h + s * a.inter;
   ws.Run(0);
 #pragma unroll
   for (int r = 0; r < R; ++r) {
