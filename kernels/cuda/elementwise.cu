@@ -25,20 +25,23 @@ __device__ __forceinline__ uint16_t ToBf16(float f) {
 }
 
 
+// out[t, j] = table[ids[t]] for j < copies (out [tokens, copies, dim]).
 template <typename T>
 __global__ void EmbedKernel(const T* table, int64_t vocab, int64_t dim, const int32_t* ids,
-                            int32_t tokens, float* out) {
+                            int32_t tokens, int64_t copies, float* out) {
   PdlTrigger();
   PdlWait();
   const int32_t t = blockIdx.x;
   const int64_t i = int64_t{blockIdx.y} * blockDim.x + threadIdx.x;
   if (t >= tokens || i >= dim) return;
   const T* row = table + int64_t{ids[t]} * dim;
+  float v;
   if constexpr (sizeof(T) == 2) {
-    out[t * dim + i] = Bf16(row[i]);
+    v = Bf16(row[i]);
   } else {
-    out[t * dim + i] = row[i];
+    v = row[i];
   }
+  for (int64_t j = 0; j < copies; ++j) out[(t * copies + j) * dim + i] = v;
 }
 
 __global__ void AddKernel(const float* a, const float* b, float* y, int64_t n) {
@@ -131,16 +134,16 @@ __global__ void FillIndicesKernel(int32_t* x, int64_t n, uint64_t seed, int32_t 
 }  // namespace
 
 absl::Status Embed(const void* table, DType table_dtype, int64_t vocab, int64_t dim,
-                   const RaggedBatchView& b, float* out, cudaStream_t stream) {
+                   const RaggedBatchView& b, int64_t copies, float* out, cudaStream_t stream) {
   if (b.num_tokens == 0) return absl::OkStatus();
   if (table_dtype == DType::kBF16) {
     CUDA_RETURN_IF_ERROR(LaunchPdl(EmbedKernel<uint16_t>, RowGrid(b.num_tokens, dim),
                                    dim3(kThreads), 0, stream, static_cast<const uint16_t*>(table),
-                                   vocab, dim, b.token_ids, b.num_tokens, out));
+                                   vocab, dim, b.token_ids, b.num_tokens, copies, out));
   } else {
     CUDA_RETURN_IF_ERROR(LaunchPdl(EmbedKernel<float>, RowGrid(b.num_tokens, dim), dim3(kThreads),
                                    0, stream, static_cast<const float*>(table), vocab, dim,
-                                   b.token_ids, b.num_tokens, out));
+                                   b.token_ids, b.num_tokens, copies, out));
   }
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();

@@ -13,9 +13,10 @@
 
 namespace dsv4::cuda {
 
-// out[T, D] = table[token_ids[t]] (table fp32 or bf16).
+// out[T, copies, D] = table[token_ids[t]] in each of the copies (table fp32 or bf16; copies = 1:
+// the embedding, copies = n: the embedding expanded into the n mHC streams).
 absl::Status Embed(const void* table, DType table_dtype, int64_t vocab, int64_t dim,
-                   const RaggedBatchView& b, float* out, cudaStream_t stream);
+                   const RaggedBatchView& b, int64_t copies, float* out, cudaStream_t stream);
 // y = a + b (n floats).
 absl::Status Add(const float* a, const float* b, float* y, int64_t n, cudaStream_t stream);
 // bf16 <-> fp32 conversions (n elements).

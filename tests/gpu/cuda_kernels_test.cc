@@ -247,6 +247,16 @@ TEST(CudaOps, EmbedGatherExpandAddSwiGlu) {
     ASSERT_TRUE(p.cpu.HcExpand(x.c, hs.c).ok());
     ASSERT_TRUE(p.gpu->HcExpand(x.g, hs.g).ok());
     EXPECT_TRUE(p.Same(hs, 0, 0));
+    // The fused embedding + expansion (one kernel on the GPU, the two ops on the CPU) and a
+    // stream tensor whose row count is not the step's token count (an error, not a launch).
+    Both fused = p.Scratch(DType::kF32, Shape{T, 4, D});
+    ASSERT_TRUE(p.cpu.EmbedExpand(emb.c, fused.c).ok());
+    ASSERT_TRUE(p.gpu->EmbedExpand(emb.g, fused.g).ok());
+    EXPECT_TRUE(p.Same(fused, 0, 0));
+    Both short_hs = p.Scratch(DType::kF32, Shape{T - 1, 4, D});
+    const absl::Status bad = p.gpu->EmbedExpand(emb.g, short_hs.g);
+    EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(bad.message().find("EmbedExpand"), std::string::npos) << bad;
 
     Both rows = p.Scratch(DType::kF32, Shape{3, 4 * D});
     ASSERT_TRUE(p.cpu.GatherLogitRows(hs.c.View(Shape{T, 4 * D}), rows.c).ok());
@@ -594,6 +604,46 @@ TEST(CudaOps, IndexerTopKUpTo256kCandidates) {
     }
     std::printf("    tokens=%lld boundary swaps=%lld\n", static_cast<long long>(T),
                 static_cast<long long>(swapped));
+  }
+}
+
+// Massive exact ties: every key row is one of three patterns, so the scores take three values and
+// the k-th is shared by hundreds of entries. The selection must take every entry above it and
+// then its lowest-index ties, ascending, exactly as the reference, at 750, 2000 and 3000
+// candidates.
+TEST(CudaOps, IndexerTopKTiesTakeTheLowestIndices) {
+  DSV4_REQUIRE_GPU();
+  BackendPair p;
+  const int64_t nI = 64, dI = 128, ratio = 4, per_block = kBlock / ratio, topk = 512;
+  p.Begin({{2999, 1}, {7999, 1}, {11999, 1}}, kBlock);
+  const int64_t T = p.meta.num_tokens, blocks = p.blocks;
+  const auto patterns = RandomVec(3 * dI, 43);
+  std::vector<float> rows(static_cast<size_t>(blocks * per_block * dI));
+  for (int64_t r = 0; r < blocks * per_block; ++r) {
+    std::copy_n(patterns.begin() + (r % 3) * dI, dI, rows.begin() + r * dI);
+  }
+  Both keys = p.Pool(Shape{blocks, per_block, dI}, 0);
+  ASSERT_TRUE(p.cpu.CopyFromHost(rows.data(), keys.c).ok());
+  ASSERT_TRUE(p.gpu->CopyFromHost(rows.data(), keys.g).ok());
+  Both q = p.Input(Shape{T, nI, dI}, RandomVec(T * nI * dI, 44));
+  Both w = p.Input(Shape{T, nI}, RandomVec(T * nI, 45));
+  Both out = p.Scratch(DType::kI32, Shape{T, topk});
+  IndexerParams ip;
+  ip.ratio = ratio;
+  ip.topk = topk;
+  ip.weight_scale = 1.0f / std::sqrt(static_cast<float>(nI));
+  ip.score_scale = 1.0f / std::sqrt(static_cast<float>(dI));
+  ASSERT_TRUE(p.cpu.IndexerTopK(ip, q.c, w.c, keys.c, out.c).ok());
+  const absl::Status st = p.gpu->IndexerTopK(ip, q.g, w.g, keys.g, out.g);
+  ASSERT_TRUE(st.ok()) << st;
+  const auto ref = p.HostAs<int32_t>(p.cpu, out.c);
+  const auto got = p.HostAs<int32_t>(*p.gpu, out.g);
+  for (int64_t t = 0; t < T; ++t) {
+    const std::vector<int32_t> r(ref.begin() + t * topk, ref.begin() + (t + 1) * topk);
+    const std::vector<int32_t> g(got.begin() + t * topk, got.begin() + (t + 1) * topk);
+    EXPECT_EQ(g, r) << "token " << t;
+    // A real tie at the boundary: the selection is not simply the first entries by index.
+    EXPECT_NE(r.back(), topk - 1) << "token " << t;
   }
 }
 

@@ -161,5 +161,25 @@ TEST_F(CpuDefaults, AttentionOutputRopeEqualsRopeAfterIt) {
   for (float v : Host(untouched)) ASSERT_EQ(v, 7.0f);
 }
 
+TEST_F(CpuDefaults, EmbedExpandEqualsEmbedThenExpand) {
+  const int64_t T = 2, n = 4, D = 32, V = 10;
+  Tensor table = *be_.CreateWeight(HostTensor{DType::kF32, Shape{V, D}, Random(V * D, 40), {}},
+                                   WeightUse::kMatrix);
+  Tensor fused = *be_.Scratch(DType::kF32, Shape{T, n, D});
+  ASSERT_TRUE(be_.EmbedExpand(table, fused).ok());
+  Tensor x = *be_.Scratch(DType::kF32, Shape{T, D});
+  Tensor hs = *be_.Scratch(DType::kF32, Shape{T, n, D});
+  ASSERT_TRUE(be_.Embed(table, x).ok());
+  ASSERT_TRUE(be_.HcExpand(x, hs).ok());
+  EXPECT_TRUE(SameBits(fused, hs));
+  // Stream rows that are not the step's tokens, or a width that is not the table's: an error
+  // before anything is written.
+  for (const Shape& bad : {Shape{T + 1, n, D}, Shape{T, n, D + 4}}) {
+    Tensor untouched = Input(bad, std::vector<float>(bad.numel(), 7.0f));
+    EXPECT_FALSE(be_.EmbedExpand(table, untouched).ok());
+    for (float v : Host(untouched)) ASSERT_EQ(v, 7.0f);
+  }
+}
+
 }  // namespace
 }  // namespace dsv4

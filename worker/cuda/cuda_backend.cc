@@ -463,8 +463,16 @@ absl::Status CudaBackend::Embed(const Tensor& table, Tensor out) {
   RETURN_IF_ERROR(op_checks::Embed(table, out, view_.num_tokens));
   if (skip()) return absl::OkStatus();
   ProfileScope prof(profile_.get(), cur_stream(), "Embed", out);
-  return cuda::Embed(table.data, table.dtype, table.dim(0), table.dim(1), view_, out.ptr<float>(),
-                     cur_stream());
+  return cuda::Embed(table.data, table.dtype, table.dim(0), table.dim(1), view_, 1,
+                     out.ptr<float>(), cur_stream());
+}
+
+absl::Status CudaBackend::EmbedExpand(const Tensor& table, Tensor hs) {
+  RETURN_IF_ERROR(op_checks::EmbedExpand(table, hs, view_.num_tokens));
+  if (skip()) return absl::OkStatus();
+  ProfileScope prof(profile_.get(), cur_stream(), "EmbedExpand", hs);
+  return cuda::Embed(table.data, table.dtype, table.dim(0), table.dim(1), view_, hs.dim(1),
+                     hs.ptr<float>(), cur_stream());
 }
 
 absl::StatusOr<const void*> CudaBackend::MatrixOperand(const Tensor& x, const Tensor& w) {

@@ -80,6 +80,7 @@ class CudaBackend final : public Backend {
   absl::Status Add(const Tensor& a, const Tensor& b, Tensor out) override;
   absl::Status GatherLogitRows(const Tensor& x, Tensor out) override;
   absl::Status HcExpand(const Tensor& x, Tensor hs) override;
+  absl::Status EmbedExpand(const Tensor& table, Tensor hs) override;
   absl::Status HcPre(const Tensor& hs, const Tensor& fn, const Tensor& base, const Tensor& scale,
                      const HcParams& p, Tensor collapsed, Tensor post, Tensor comb) override;
   absl::Status HcPost(const Tensor& hs, const Tensor& f, const Tensor& post, const Tensor& comb,

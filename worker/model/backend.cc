@@ -27,6 +27,14 @@ absl::Status Backend::SharedExpertUp(const Tensor& u, const MoeWeights& w, float
   return SwiGlu(gu, swiglu_limit, h);
 }
 
+absl::Status Backend::EmbedExpand(const Tensor& table, Tensor hs) {
+  // (Embed checks the row count against the step's tokens.)
+  RETURN_IF_ERROR(op_checks::EmbedExpand(table, hs, hs.dim(0)));
+  ASSIGN_OR_RETURN(Tensor x, Scratch(DType::kF32, Shape{hs.dim(0), hs.dim(2)}));
+  RETURN_IF_ERROR(Embed(table, x));
+  return HcExpand(x, hs);
+}
+
 absl::Status Backend::RmsNormRope(Tensor x, const Tensor& weight, const RmsNormParams& norm,
                                   const RopeParams& rope) {
   RETURN_IF_ERROR(RmsNorm(x, weight, norm, x));

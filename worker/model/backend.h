@@ -218,6 +218,9 @@ class Backend {
   // ---- mHC (dsv4-model.md §4) ----
   // hs[T, n, D] = x[T, D] copied into each stream.
   virtual absl::Status HcExpand(const Tensor& x, Tensor hs) = 0;
+  // hs[T, n, D] = table[token_ids[t]] copied into each stream: Embed then HcExpand (one kernel
+  // where the backend fuses them; this default runs the two ops).
+  virtual absl::Status EmbedExpand(const Tensor& table, Tensor hs);
   // From streams hs[T, n, D]: collapsed[T, D], post[T, n], comb[T, n, n].
   virtual absl::Status HcPre(const Tensor& hs, const Tensor& fn, const Tensor& base,
                              const Tensor& scale, const HcParams& p, Tensor collapsed, Tensor post,

@@ -552,11 +552,9 @@ absl::StatusOr<Tensor> Dsv4Model::RunForward() {
   hc.norm_eps = static_cast<float>(c.rms_norm_eps);
   const RmsNormParams norm{static_cast<float>(c.rms_norm_eps)};
 
-  ASSIGN_OR_RETURN(Tensor x, be.Scratch(DType::kF32, Shape{T, D}));
-  RETURN_IF_ERROR(be.Embed(w.embed, x));
   ASSIGN_OR_RETURN(Tensor hs, be.Scratch(DType::kF32, Shape{T, n, D}));
   ASSIGN_OR_RETURN(Tensor hs2, be.Scratch(DType::kF32, Shape{T, n, D}));
-  RETURN_IF_ERROR(be.HcExpand(x, hs));
+  RETURN_IF_ERROR(be.EmbedExpand(w.embed, hs));
   ASSIGN_OR_RETURN(Tensor normed, be.Scratch(DType::kF32, Shape{T, D}));
   ASSIGN_OR_RETURN(Tensor block_out, be.Scratch(DType::kF32, Shape{T, D}));
   ASSIGN_OR_RETURN(Tensor post, be.Scratch(DType::kF32, Shape{T, n}));

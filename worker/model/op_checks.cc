@@ -75,6 +75,12 @@ absl::Status HcExpand(const Tensor& x, const Tensor& hs) {
                "HcExpand");
 }
 
+absl::Status EmbedExpand(const Tensor& table, const Tensor& hs, int64_t tokens) {
+  return Check(IsMatrix(table, 2) && Is(hs, DType::kF32, 3) && hs.dim(0) == tokens &&
+                   hs.dim(2) == table.dim(1),
+               "EmbedExpand");
+}
+
 HcShape HcShapeOf(const Tensor& hs, const HcParams& p) {
   HcShape s;
   s.tokens = hs.dim(0);

@@ -19,6 +19,7 @@ absl::Status Rope(const Tensor& x, const RopeParams& p, int64_t tokens);
 absl::Status Add(const Tensor& a, const Tensor& b, const Tensor& out);
 absl::Status GatherLogitRows(const Tensor& x, const Tensor& out, int64_t rows);
 absl::Status HcExpand(const Tensor& x, const Tensor& hs);
+absl::Status EmbedExpand(const Tensor& table, const Tensor& hs, int64_t tokens);
 // The mHC kernels' shape for streams hs [T, n, D].
 HcShape HcShapeOf(const Tensor& hs, const HcParams& p);
 absl::Status HcPre(const Tensor& hs, const Tensor& fn, const Tensor& base, const Tensor& scale,
