@@ -119,7 +119,6 @@ __global__ void __launch_bounds__(kMixThreads)
     MixKernel(const float* hs, int64_t tokens, int64_t nd, const float* fn, int64_t tpb, bool vec,
               PostArgs pa, float* parts) {
   PdlTrigger();
-  PdlWait();
   constexpr int kVals = kRows + 1;
   constexpr int kV = Pow2Ceil(kVals);
   constexpr int kGroup = 32 / kV;
@@ -127,9 +126,12 @@ __global__ void __launch_bounds__(kMixThreads)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t c = blockIdx.x;
   const int64_t k = c * kMixChunk + warp * 128 + lane * 4;
+  // fn is a plain weight: its loads go out before the PDL wait, overlapping the previous kernel's
+  // tail; the streams (and pa) are read only after it.
   float4 w[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) w[r] = Load4(fn + r * nd, k, nd, vec);
+  PdlWait();
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * tpb;
   const int64_t t1 = std::min(tokens, t0 + tpb);
   auto fetch = [&](int64_t t) -> float4 {

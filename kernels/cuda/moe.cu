@@ -417,7 +417,6 @@ __global__ void __launch_bounds__(kSgThreads, 3) SplitGemvKernel(const float* x,
                                                               const W* w, int64_t n,
                                                               int64_t k_slice, float* y) {
   PdlTrigger();
-  PdlWait();
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   const unsigned csize = cluster.num_blocks();
@@ -442,8 +441,9 @@ __global__ void __launch_bounds__(kSgThreads, 3) SplitGemvKernel(const float* x,
 #pragma unroll
     for (int j = 0; j < kSgMaxM; ++j) acc[r][j] = 0.0f;
   }
-  for (int64_t cb = k0 + lane * kVec; cb < k1; cb += 32 * kVec * kSgUnroll) {
-    uint4 raw[kSgUnroll][kSgRowsPerWarp];
+  constexpr int64_t kStep = 32 * kVec * kSgUnroll;
+  uint4 raw[kSgUnroll][kSgRowsPerWarp];
+  auto load = [&](int64_t cb) {
 #pragma unroll
     for (int u = 0; u < kSgUnroll; ++u) {
       const int64_t c = cb + u * 32 * kVec;
@@ -453,6 +453,13 @@ __global__ void __launch_bounds__(kSgThreads, 3) SplitGemvKernel(const float* x,
                            : make_uint4(0, 0, 0, 0);
       }
     }
+  };
+  // w is a plain weight: the first batch is loaded before the PDL wait (overlapping the previous
+  // kernel's tail), x only after it; each later batch is loaded once the previous one is used.
+  const int64_t first = k0 + lane * kVec;
+  if (first < k1) load(first);
+  PdlWait();
+  for (int64_t cb = first; cb < k1; cb += kStep) {
 #pragma unroll
     for (int u = 0; u < kSgUnroll; ++u) {
       const int64_t c = cb + u * 32 * kVec;
@@ -501,6 +508,7 @@ __global__ void __launch_bounds__(kSgThreads, 3) SplitGemvKernel(const float* x,
         }
       }
     }
+    if (cb + kStep < k1) load(cb + kStep);
   }
 #pragma unroll
   for (int j = 0; j < kSgMaxM; ++j) {
