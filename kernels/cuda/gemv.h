@@ -3,10 +3,11 @@
 // kernels are built for HBM bandwidth: one warp per group of whole weight rows (two warps of one
 // block, each over half of k, from k >= 2048, summed through shared memory in slice order; the
 // experts' down projection: one warp per slot over a few output rows, the slots combined in the
-// block), 16-byte weight loads issued a pass ahead of their use, no staging, no extra combine launch and
-// no sort; launched with programmatic dependent launch (common.cuh). Numerics follow the GEMM
-// convention of the other paths: x rounded to bf16, exact products in fp32, fp32 accumulation
-// (lane order, a fixed butterfly, then the slices or slots in order): deterministic.
+// block), 16-byte weight loads issued a pass ahead of their use, no staging, no extra combine
+// launch and no sort; launched with programmatic dependent launch (common.cuh). Numerics follow
+// the GEMM convention of the other paths: x rounded to bf16, exact products in fp32, fp32
+// accumulation (lane order, a fixed butterfly, then the slices or slots in order):
+// deterministic.
 #pragma once
 
 #include <cuda_runtime.h>

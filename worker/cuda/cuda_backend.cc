@@ -345,6 +345,7 @@ absl::Status CudaBackend::Mark(StepMark mark) {
       side_lane_ = (side_lane_ + 1) % side_lanes_;
       return absl::OkStatus();
     case StepMark::kSideJoin:
+      if (on_side_) return absl::InternalError("side join inside an open side region");
       return JoinSides();
     default:
       break;
@@ -378,8 +379,9 @@ absl::Status CudaBackend::Mark(StepMark mark) {
 absl::Status CudaBackend::JoinSides() {
   for (int i = 0; i < kSideLanes; ++i) {
     if ((side_pending_ & (1u << i)) == 0) continue;
-    side_pending_ &= ~(1u << i);
+    // (The bit stays set if the wait fails: AbortGraphs then still joins the lane.)
     CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_.get(), side_done_[i].get(), 0));
+    side_pending_ &= ~(1u << i);
   }
   side_lane_ = 0;
   return absl::OkStatus();

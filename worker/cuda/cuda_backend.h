@@ -178,9 +178,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<OpProfile> profile_;
   CudaStream stream_;
   // Side regions open before a join alternate between kSideLanes streams, so two independent
-  // regions (a CSA layer's compressors and its indexer inputs) run side by side; a third queues
-  // behind the first. DSV4_TWO_SIDE_STREAMS=0 keeps every region on one side stream (the
-  // side-by-side baseline).
+  // regions (a CSA layer's two compressors) run side by side; a third queues behind the first.
+  // DSV4_TWO_SIDE_STREAMS=0 keeps every region on one side stream (the side-by-side baseline).
   static constexpr int kSideLanes = 2;
   int side_lanes_ = kSideLanes;
   std::array<CudaStream, kSideLanes> side_;

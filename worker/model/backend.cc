@@ -29,7 +29,7 @@ absl::Status Backend::SharedExpertUp(const Tensor& u, const MoeWeights& w, float
 
 absl::Status Backend::EmbedExpand(const Tensor& table, Tensor hs) {
   // (Embed checks the row count against the step's tokens.)
-  RETURN_IF_ERROR(op_checks::EmbedExpand(table, hs, hs.dim(0)));
+  RETURN_IF_ERROR(op_checks::EmbedExpand(table, hs, hs.shape.rank == 3 ? hs.dim(0) : 0));
   ASSIGN_OR_RETURN(Tensor x, Scratch(DType::kF32, Shape{hs.dim(0), hs.dim(2)}));
   RETURN_IF_ERROR(Embed(table, x));
   return HcExpand(x, hs);
