@@ -531,6 +531,27 @@ std::vector<float> HostScores(const IndexerShape& s, const StepMeta& m, int32_t 
   return scores;
 }
 
+// The Flash indexer's parameters at a head count, dim, ratio and top-k.
+IndexerParams IndexerParamsFor(int64_t heads, int64_t dim, int64_t ratio, int64_t topk) {
+  IndexerParams ip;
+  ip.ratio = ratio;
+  ip.topk = topk;
+  ip.weight_scale = 1.0f / std::sqrt(static_cast<float>(heads));
+  ip.score_scale = 1.0f / std::sqrt(static_cast<float>(dim));
+  return ip;
+}
+
+// IndexerTopK on both backends into `out`; the reference's and the GPU's selections.
+void RunIndexerTopK(BackendPair& p, const IndexerParams& ip, const Both& q, const Both& w,
+                    const Both& keys, const Both& out, std::vector<int32_t>* ref,
+                    std::vector<int32_t>* got) {
+  ASSERT_TRUE(p.cpu.IndexerTopK(ip, q.c, w.c, keys.c, out.c).ok());
+  const absl::Status s = p.gpu->IndexerTopK(ip, q.g, w.g, keys.g, out.g);
+  ASSERT_TRUE(s.ok()) << s;
+  *ref = p.HostAs<int32_t>(p.cpu, out.c);
+  *got = p.HostAs<int32_t>(*p.gpu, out.g);
+}
+
 struct IndexerCase {
   const char* name;
   std::vector<SeqSpec> seqs;
@@ -561,16 +582,9 @@ TEST(CudaOps, IndexerTopKUpTo256kCandidates) {
     Both q = p.Input(Shape{T, nI, dI}, qv);
     Both w = p.Input(Shape{T, nI}, wv);
     Both out = p.Scratch(DType::kI32, Shape{T, c.topk});
-    IndexerParams ip;
-    ip.ratio = ratio;
-    ip.topk = c.topk;
-    ip.weight_scale = 1.0f / std::sqrt(static_cast<float>(nI));
-    ip.score_scale = 1.0f / std::sqrt(static_cast<float>(dI));
-    ASSERT_TRUE(p.cpu.IndexerTopK(ip, q.c, w.c, keys.c, out.c).ok());
-    const absl::Status s = p.gpu->IndexerTopK(ip, q.g, w.g, keys.g, out.g);
-    ASSERT_TRUE(s.ok()) << s;
-    const auto ref = p.HostAs<int32_t>(p.cpu, out.c);
-    const auto got = p.HostAs<int32_t>(*p.gpu, out.g);
+    const IndexerParams ip = IndexerParamsFor(nI, dI, ratio, c.topk);
+    std::vector<int32_t> ref, got;
+    ASSERT_NO_FATAL_FAILURE(RunIndexerTopK(p, ip, q, w, keys, out, &ref, &got));
     const auto key_host = p.HostC(keys.c);
     IndexerShape is;
     is.heads = nI;
@@ -628,16 +642,9 @@ TEST(CudaOps, IndexerTopKTiesTakeTheLowestIndices) {
   Both q = p.Input(Shape{T, nI, dI}, RandomVec(T * nI * dI, 44));
   Both w = p.Input(Shape{T, nI}, RandomVec(T * nI, 45));
   Both out = p.Scratch(DType::kI32, Shape{T, topk});
-  IndexerParams ip;
-  ip.ratio = ratio;
-  ip.topk = topk;
-  ip.weight_scale = 1.0f / std::sqrt(static_cast<float>(nI));
-  ip.score_scale = 1.0f / std::sqrt(static_cast<float>(dI));
-  ASSERT_TRUE(p.cpu.IndexerTopK(ip, q.c, w.c, keys.c, out.c).ok());
-  const absl::Status st = p.gpu->IndexerTopK(ip, q.g, w.g, keys.g, out.g);
-  ASSERT_TRUE(st.ok()) << st;
-  const auto ref = p.HostAs<int32_t>(p.cpu, out.c);
-  const auto got = p.HostAs<int32_t>(*p.gpu, out.g);
+  std::vector<int32_t> ref, got;
+  ASSERT_NO_FATAL_FAILURE(
+      RunIndexerTopK(p, IndexerParamsFor(nI, dI, ratio, topk), q, w, keys, out, &ref, &got));
   for (int64_t t = 0; t < T; ++t) {
     const std::vector<int32_t> r(ref.begin() + t * topk, ref.begin() + (t + 1) * topk);
     const std::vector<int32_t> g(got.begin() + t * topk, got.begin() + (t + 1) * topk);
@@ -870,6 +877,8 @@ TEST(CudaOps, GroupedExpertsPermuteGemmCombine) {
     // fused single-token path there, T = 8 the grouped one).
     if (prec == Precision::kFP32) cases.push_back({256, 4096, 2048, 6, {1, 8, 64}});
     if (prec == Precision::kBF16) cases.push_back({16, 4096, 2048, 6, {1, 8}});
+    // All eight single-token slots: seven routed experts and the shared one.
+    if (prec == Precision::kBF16) cases.push_back({16, 512, 256, 7, {1}});
     for (const MoeCase& c : cases) {
       SCOPED_TRACE(::testing::Message() << "E=" << c.experts << " " << PrecisionName(prec));
       // Synthetic weights: both backends hold the same values without a host copy.
@@ -928,6 +937,42 @@ TEST(CudaOps, GroupedExpertsPermuteGemmCombine) {
       }
     }
   }
+}
+
+// The single-token expert kernels skip a slot whose expert id is outside [0, E) (-1, or past the
+// last expert): the output equals the reference with that slot's routing weight at 0.
+TEST(CudaOps, SingleTokenExpertsSkipInvalidIds) {
+  DSV4_REQUIRE_GPU();
+  BackendPair p(Precision::kBF16);
+  const int64_t E = 16, D = 512, I = 256, K = 6;
+  SyntheticSpec gu_spec{DType::kF32, Shape{E, 2 * I, D}, 90, -0.02f, 0.02f, 1};
+  SyntheticSpec dn_spec{DType::kF32, Shape{E, D, I}, 91, -0.03f, 0.03f, 1};
+  SyntheticSpec sgu_spec{DType::kF32, Shape{2 * I, D}, 92, -0.02f, 0.02f, 1};
+  SyntheticSpec sdn_spec{DType::kF32, Shape{D, I}, 93, -0.03f, 0.03f, 1};
+  Both gate_up = p.Synthetic(gu_spec, WeightUse::kMatrix);
+  Both down = p.Synthetic(dn_spec, WeightUse::kMatrix);
+  Both shared_gate_up = p.Synthetic(sgu_spec, WeightUse::kMatrix);
+  Both shared_down = p.Synthetic(sdn_spec, WeightUse::kMatrix);
+  for (const Both* t : {&gate_up, &down, &shared_gate_up, &shared_down}) MirrorBf16(p, *t);
+  const MoeWeights wc{gate_up.c, down.c, shared_gate_up.c, shared_down.c, Tensor{}};
+  const MoeWeights wg{gate_up.g, down.g, shared_gate_up.g, shared_down.g, Tensor{}};
+  p.Begin({{0, 1}}, kBlock);
+  Both u = p.Input(Shape{1, D}, testing::RoundBf16(RandomVec(D, 94)));
+  const std::vector<int32_t> valid = {3, 11, 0, 7, 15, 5};
+  std::vector<int32_t> broken = valid;
+  broken[2] = -1;
+  broken[4] = static_cast<int32_t>(E);
+  std::vector<float> weights = RandomVec(K, 95, 0.1f, 1);
+  Both ix_bad = p.InputI(Shape{1, K}, broken);
+  Both w_all = p.Input(Shape{1, K}, weights);
+  weights[2] = weights[4] = 0.0f;
+  Both ix_ok = p.InputI(Shape{1, K}, valid);
+  Both w_zeroed = p.Input(Shape{1, K}, weights);
+  Both out = p.Scratch(DType::kF32, Shape{1, D});
+  ASSERT_TRUE(p.cpu.MoeExperts(u.c, ix_ok.c, w_zeroed.c, wc, 10.0f, out.c).ok());
+  const absl::Status s = p.gpu->MoeExperts(u.g, ix_bad.g, w_all.g, wg, 10.0f, out.g);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(p.Same(out, 1e-2, 1e-2));
 }
 
 // ---- op validation ----
