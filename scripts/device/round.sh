@@ -2,8 +2,9 @@
 # On the GPU host (bundle in .gpu/bundle): one kernel round in one call. The GPU suite, the graph
 # benchmark of docs/cuda-graphs.md (scripts/device/graph_bench.sh: every mode, slice3 and Flash
 # cut to 9 layers, transformers), slice3 batch 1 and 8 without programmatic dependent launch
-# (DSV4_PDL=0 through scripts/device/ab.sh) for the side-by-side, Nsight Compute's per-kernel table of one eager batch-1 step,
-# and the serving suite on the GPU worker (fp32, bf16). Logs go to $OUT.
+# (DSV4_PDL=0, through scripts/device/ab.sh) for the side-by-side, Nsight Compute's per-kernel
+# table of one eager batch-1 step, and the serving suite on the GPU worker (fp32, bf16). Logs go
+# to $OUT.
 set -uo pipefail
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
 B=.gpu/bundle
