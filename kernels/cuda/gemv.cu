@@ -238,12 +238,12 @@ struct GateUpOp {
 // The down projection of MoeDecodeBf16 with one warp per slot: block b covers the R output rows
 // d0 = b * R .. d0 + R - 1; warp s streams slot s's R down rows (its expert's rows d0.., all of
 // I) against the slot's SwiGLU output, which the R rows share (one activation load per R weight
-// loads); the block then combines the slots through
-// shared memory in slot order: out[d] = Σ_{s < top_k} weights[s] · sum_s, then + the shared
-// expert's sum. On the H200 (bench/results/h200-2026-11-30e) this is 32.5 us for slice3's 117 MB
-// (75 % of the HBM rate) where one group per output row over all 8 slots (two warps, each with
-// an activation load per weight load, 93 registers) took 45 us; R = 2, 4 or 8 rows per warp
-// measured alike, R = 4 (62 registers) is kept.
+// loads); the block then combines the slots through shared memory in slot order:
+// out[d] = Σ_{s < top_k} weights[s] · sum_s, then + the shared expert's sum. On the H200
+// (bench/results/h200-2026-11-30e) this is 32.5 us for slice3's 117 MB (75 % of the HBM rate)
+// where one group per output row over all 8 slots (two warps, each with an activation load per
+// weight load, 93 registers) took 45 us; R = 2, 4 or 8 rows per warp measured alike, R = 4 (62
+// registers) is kept.
 template <int R, int U>
 __global__ void __launch_bounds__(kThreads) DownSlotsKernel(const MoeDecodeArgs a) {
   static_assert(kWarps == kMoeDecodeMaxSlots, "one warp per slot");

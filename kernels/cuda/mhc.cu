@@ -604,8 +604,8 @@ absl::Status HcPostMix(const HcDims& d, const float* hs, const float* f, const f
 }
 
 bool HcNormFits(const HcDims& d, const float* hs, const float* normed, const float* norm_w) {
-  return d.n >= 1 && d.n <= kMaxN && d.dim > 0 && d.dim % 4 == 0 && d.dim <= 4096 && Aligned16(hs) &&
-         Aligned16(normed) && Aligned16(norm_w);
+  return d.n >= 1 && d.n <= kMaxN && d.dim > 0 && d.dim % 4 == 0 && d.dim <= 4096 &&
+         Aligned16(hs) && Aligned16(normed) && Aligned16(norm_w);
 }
 
 namespace {
