@@ -67,18 +67,28 @@ __device__ __forceinline__ double BlockSumD(double v, double* scratch) {
 // double (as the CPU reference), one BlockSumD tree, then w · (x · inv). Every block-per-row
 // normalisation uses it, so a fused kernel rounds exactly as the RMSNorm kernel. All threads of
 // the block must call it.
-__device__ __forceinline__ float4 RmsNormalize4(float4 a, const float4& w, bool weighted, int dim,
-                                                float eps, double* scratch) {
+// Its three steps are also used one by one by kernels that split the row over a thread-block
+// cluster (the same tree, its warp sums exchanged through distributed shared memory).
+__device__ __forceinline__ double SumSquares4D(float4 a) {
   double s = static_cast<double>(a.x) * a.x;
   s += static_cast<double>(a.y) * a.y;
   s += static_cast<double>(a.z) * a.z;
   s += static_cast<double>(a.w) * a.w;
-  s = BlockSumD(s, scratch);
-  const float mean = static_cast<float>(s / static_cast<double>(dim));
-  const float inv = 1.0f / sqrtf(mean + eps);
+  return s;
+}
+__device__ __forceinline__ float RmsInverse(double sum_squares, int dim, float eps) {
+  const float mean = static_cast<float>(sum_squares / static_cast<double>(dim));
+  return 1.0f / sqrtf(mean + eps);
+}
+__device__ __forceinline__ float4 RmsApply4(float4 a, const float4& w, bool weighted, float inv) {
   if (weighted) return make_float4(w.x * (a.x * inv), w.y * (a.y * inv), w.z * (a.z * inv),
                                    w.w * (a.w * inv));
   return make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
+}
+__device__ __forceinline__ float4 RmsNormalize4(float4 a, const float4& w, bool weighted, int dim,
+                                                float eps, double* scratch) {
+  const double s = BlockSumD(SumSquares4D(a), scratch);
+  return RmsApply4(a, w, weighted, RmsInverse(s, dim, eps));
 }
 
 // One interleaved RoPE pair (x0, x1) rotated by pos · freq (by its negative when `inverse`), the
@@ -152,20 +162,38 @@ inline bool PdlEnabled() {
   return on;
 }
 
+// LaunchPdl with thread-block clusters of `cluster_x` blocks along x (0: no cluster attribute).
 template <typename... Params, typename... Args>
-cudaError_t LaunchPdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                      cudaStream_t stream, Args&&... args) {
+cudaError_t LaunchPdlCluster(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                             cudaStream_t stream, unsigned cluster_x, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (cluster_x > 0) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster_x;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (PdlEnabled()) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = PdlEnabled() ? 1 : 0;
+  cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+template <typename... Params, typename... Args>
+cudaError_t LaunchPdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                      cudaStream_t stream, Args&&... args) {
+  return LaunchPdlCluster(kernel, grid, block, smem, stream, 0, std::forward<Args>(args)...);
 }
 
 inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }

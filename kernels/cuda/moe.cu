@@ -538,22 +538,9 @@ absl::Status LaunchSplitGemv(const float* x, int64_t m, int64_t k, const W* w, i
   const int64_t c = std::min<int64_t>(kSgMaxCluster, std::max<int64_t>(1, k / kSgMinSlice));
   // Slices of whole 8-element vectors (16 bytes of bf16, two of fp32).
   const int64_t k_slice = ((k + c - 1) / c + 7) / 8 * 8;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(tiles * c), 1, 1);
-  cfg.blockDim = dim3(kSgThreads, 1, 1);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(c);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // as LaunchPdl
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = PdlEnabled() ? 2 : 1;
-  CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, SplitGemvKernel<W>, x, static_cast<int>(m), k, w,
-                                          n, k_slice, y));
+  CUDA_RETURN_IF_ERROR(LaunchPdlCluster(SplitGemvKernel<W>, dim3(static_cast<unsigned>(tiles * c)),
+                                        dim3(kSgThreads), 0, stream, static_cast<unsigned>(c), x,
+                                        static_cast<int>(m), k, w, n, k_slice, y));
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
