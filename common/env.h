@@ -3,6 +3,7 @@
 // variable and the accepted values, never a silent default.
 #pragma once
 
+#include <cstdint>
 #include <initializer_list>
 #include <string_view>
 
@@ -16,5 +17,11 @@ absl::StatusOr<int> EnvChoice(const char* name, std::initializer_list<std::strin
 
 // EnvChoice with the values "0" and "1": false for "0", true for "1", `unset` when not set.
 absl::StatusOr<bool> EnvBool(const char* name, bool unset);
+
+// A comma-separated subset of `values` (at most 32) as a bit set: bit i for values[i]; 0 when the
+// variable is not set or empty. An unknown or empty item is an error naming the variable, the
+// item and the accepted values.
+absl::StatusOr<uint32_t> EnvSubset(const char* name,
+                                   std::initializer_list<std::string_view> values);
 
 }  // namespace dsv4

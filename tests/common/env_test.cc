@@ -41,5 +41,25 @@ TEST(Env, AnythingElseIsAnErrorNamingTheVariableAndTheChoices) {
   unsetenv(kVar);
 }
 
+TEST(Env, SubsetsAreBitSetsAndUnknownItemsAreErrors) {
+  unsetenv(kVar);
+  EXPECT_EQ(*EnvSubset(kVar, {"a", "bb", "c"}), 0u);
+  setenv(kVar, "", 1);
+  EXPECT_EQ(*EnvSubset(kVar, {"a", "bb", "c"}), 0u);
+  setenv(kVar, "c", 1);
+  EXPECT_EQ(*EnvSubset(kVar, {"a", "bb", "c"}), 4u);
+  setenv(kVar, "bb,a,bb", 1);
+  EXPECT_EQ(*EnvSubset(kVar, {"a", "bb", "c"}), 3u);
+  for (const char* bad : {"b", "a,", ",a", "a, bb", "A", "a,,c"}) {
+    setenv(kVar, bad, 1);
+    const absl::StatusOr<uint32_t> s = EnvSubset(kVar, {"a", "bb", "c"});
+    ASSERT_FALSE(s.ok()) << bad;
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.status().message().find(kVar), std::string::npos);
+    EXPECT_NE(s.status().message().find("a, bb, c"), std::string::npos);
+  }
+  unsetenv(kVar);
+}
+
 }  // namespace
 }  // namespace dsv4
