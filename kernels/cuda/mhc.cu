@@ -1,5 +1,7 @@
 #include "kernels/cuda/mhc.h"
 
+#include <cooperative_groups.h>
+
 #include <algorithm>
 
 #include "kernels/common/cuda_check.h"
@@ -321,20 +323,27 @@ __device__ __forceinline__ void PreGates(const float* vals, float inv, const flo
   for (int j = 0; j < kN; ++j) pre[j] = Sigmoid(vals[j] * inv * scale[0] + base[j]) + eps;
 }
 
-// Σ_j pre[j] · f[j, i..i+3]: the streams collapsed with the gates at 4 columns.
-template <int kN>
-__device__ __forceinline__ float4 Collapse4(const float (&pre)[kN], const float* f, int64_t dim,
-                                            int64_t i) {
+// Σ_j pre[j] · x(j): the streams' 4 columns x(j) collapsed with the gates (x: j -> float4).
+template <int kN, class X>
+__device__ __forceinline__ float4 CollapseWith(const float (&pre)[kN], X x_of) {
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
   for (int j = 0; j < kN; ++j) {
-    const float4 x = *reinterpret_cast<const float4*>(f + j * dim + i);
+    const float4 x = x_of(j);
     acc.x += pre[j] * x.x;
     acc.y += pre[j] * x.y;
     acc.z += pre[j] * x.z;
     acc.w += pre[j] * x.w;
   }
   return acc;
+}
+
+// Σ_j pre[j] · f[j, i..i+3]: the streams collapsed with the gates at 4 columns.
+template <int kN>
+__device__ __forceinline__ float4 Collapse4(const float (&pre)[kN], const float* f, int64_t dim,
+                                            int64_t i) {
+  return CollapseWith<kN>(pre,
+                          [&](int j) { return *reinterpret_cast<const float4*>(f + j * dim + i); });
 }
 
 // The start shared by the final kernels, for token t = blockIdx.x: the block's warps sum the mix
@@ -346,7 +355,7 @@ template <int kN, bool kPre>
 __device__ __forceinline__ bool FinalGates(const HcDims& d, const float* mix_parts,
                                            int64_t nparts, const float* base, const float* scale,
                                            bool sink, int warps, float* vals, float* post,
-                                           float* comb, float (&pre)[kN]) {
+                                           float* comb, float* gates, float (&pre)[kN]) {
   constexpr int kRows = kPre ? (2 + kN) * kN : kN;
   constexpr int kVals = kRows + 1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -361,7 +370,11 @@ __device__ __forceinline__ bool FinalGates(const HcDims& d, const float* mix_par
   const int64_t nd = kN * d.dim;
   const float inv = 1.0f / sqrtf(vals[kRows] / static_cast<float>(nd) + d.norm_eps);
   if (sink) {
-    if (warp == 0) PostAndComb<kN>(vals, inv, base, scale, d, t, lane, post, comb);
+    if (gates != nullptr) {  // deferred to HcGatesKernel
+      for (int r = threadIdx.x; r < kVals; r += blockDim.x) gates[t * kVals + r] = vals[r];
+    } else if (warp == 0) {
+      PostAndComb<kN>(vals, inv, base, scale, d, t, lane, post, comb);
+    }
     return false;
   }
   PreGates<kN>(vals, inv, base, scale, d.hc_eps, pre);
@@ -388,7 +401,7 @@ __global__ void __launch_bounds__(kFinThreads)
   const bool sink = kPre && blockIdx.y == col_blocks;
   float pre[kN];
   if (!FinalGates<kN, kPre>(d, mix_parts, nparts, base, scale, sink, kFinThreads / 32, vals, post,
-                            comb, pre)) {
+                            comb, nullptr, pre)) {
     return;
   }
   const int64_t nd = kN * d.dim;
@@ -420,7 +433,7 @@ template <int kN, bool kPre>
 __global__ void __launch_bounds__(1024)
     HcFinalNormKernel(HcDims d, const float* hs, const float* mix_parts, int64_t nparts,
                       const float* base, const float* scale, const float* norm_w, float rms_eps,
-                      float* normed, float* post, float* comb) {
+                      float* normed, float* post, float* comb, float* gates) {
   PdlTrigger();
   PdlWait();
   constexpr int kRows = kPre ? (2 + kN) * kN : kN;
@@ -432,7 +445,7 @@ __global__ void __launch_bounds__(1024)
   const bool sink = kPre && blockIdx.y == 1;
   float pre[kN];
   if (!FinalGates<kN, kPre>(d, mix_parts, nparts, base, scale, sink, warps, vals, post, comb,
-                            pre)) {
+                            gates, pre)) {
     return;
   }
   const int64_t nd = kN * d.dim;
@@ -447,6 +460,155 @@ __global__ void __launch_bounds__(1024)
   const float4 o = RmsNormalize4(a, wv, norm_w != nullptr, static_cast<int>(d.dim), rms_eps,
                                  scratch);
   if (i < n4) reinterpret_cast<float4*>(normed + t * d.dim)[i] = o;
+}
+
+// post and comb of token t = blockIdx.x from the summed mix values a final kernel left in gates
+// [T, (2+n)n + 1] (HcPreNorm's deferred form): FinalGates' scale and PostAndComb on one warp,
+// the same operations on the same values, so the same bits.
+template <int kN>
+__global__ void __launch_bounds__(32)
+    HcGatesKernel(HcDims d, const float* gates, const float* base, const float* scale,
+                  float* post, float* comb) {
+  PdlTrigger();
+  PdlWait();
+  constexpr int kRows = (2 + kN) * kN;
+  const int64_t t = blockIdx.x;
+  const float* vals = gates + t * (kRows + 1);
+  const int64_t nd = kN * d.dim;
+  const float inv = 1.0f / sqrtf(vals[kRows] / static_cast<float>(nd) + d.norm_eps);
+  PostAndComb<kN>(vals, inv, base, scale, d, t, static_cast<int>(threadIdx.x), post, comb);
+}
+
+// ---- a whole boundary in one launch: one thread-block cluster per token ----
+//
+// The mix (with the previous HcPost fused in, kPostN = n), the gates, the collapse and the RMS
+// norm of MixKernel + HcFinalNormKernel without the partial sums' round trip through global
+// memory or the second launch. Token t (blockIdx.y) is a cluster of C = D / kMixChunk blocks
+// (C <= 8); block `rank` covers columns [rank·512, (rank+1)·512) of every stream: its warp
+// (j, q) is warp q of MixKernel's block for chunk j·C + rank, so each chunk's sums are MixKernel's
+// bits. Barrier A: every block's chunk sums are in its shared memory, where the others read them
+// in PartSum's order (lane p: chunk p), and every block has read post and comb (the Sinkhorn
+// warp may then overwrite them in place). Warps j = 0 collapse the block's columns from the
+// streams kept in shared memory and sum their squares as HcFinalNormKernel's warps 4·rank + q;
+// barrier B: those warp sums are read across the cluster in BlockSumD's order. So the outputs
+// equal the two-kernel path bit for bit (CudaOps.HyperConnectionBoundariesEqualTheOpsOneByOne).
+// kRows = (2 + n)n: HcPre (the Sinkhorn on the last warp of block 1, or of block 0 when C = 1);
+// kRows = n: HcHead. n = 4 (DeepSeek-V4's hc_mult): 512 threads, a lane's 24 fn vectors in
+// registers, loaded before the PDL wait as in MixKernel.
+namespace cg = cooperative_groups;
+constexpr int kClusterN = 4;
+constexpr int kClusterThreads = kClusterN * kMixThreads;
+constexpr int kClusterWarps = kClusterThreads / 32;
+constexpr int64_t kClusterMaxTokens = 16;  // more: the fn rows would be re-read from L2 per token
+constexpr int kClusterMaxBlocks = 8;       // portable cluster size
+
+template <int kRows, int kPostN>
+__global__ void __launch_bounds__(kClusterThreads, 1)
+    HcClusterKernel(HcDims d, const float* hs, const float* fn, PostArgs pa, const float* base,
+                    const float* scale, const float* norm_w, float rms_eps, float* normed,
+                    float* post, float* comb, float* gates) {
+  constexpr int kN = kClusterN;
+  constexpr bool kPre = kRows == (2 + kN) * kN;
+  static_assert(kPre || kRows == kN, "HcPre or HcHead rows");
+  static_assert(kPostN == 0 || kPostN == kN, "HcPost of the same streams");
+  constexpr int kVals = kRows + 1;
+  constexpr int kV = Pow2Ceil(kVals);
+  constexpr int kGroup = 32 / kV;
+  PdlTrigger();
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int csize = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  __shared__ float red[kN][kMixWarps][kV];
+  __shared__ float part[kN][kVals];  // chunk j·C + rank's sums
+  __shared__ float4 xs[kN][kMixThreads];
+  __shared__ float vals[kVals];
+  __shared__ double wsum[kMixWarps];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int j = warp / kMixWarps, q = warp % kMixWarps;
+  const int c4 = q * 32 + lane;  // the thread's float4 within the block's columns
+  const int64_t t = blockIdx.y;
+  const int64_t nd = kN * d.dim;
+  const int64_t i = int64_t{rank} * kMixChunk + c4 * 4;  // column within a stream
+  const int64_t k = j * d.dim + i;                       // flattened column
+  float4 w[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) w[r] = *reinterpret_cast<const float4*>(fn + r * nd + k);
+  PdlWait();
+  float4 x;
+  if constexpr (kPostN == 0) {
+    x = *reinterpret_cast<const float4*>(hs + t * nd + k);
+  } else {
+    float4 in[kN];
+#pragma unroll
+    for (int s = 0; s < kN; ++s) {
+      in[s] = *reinterpret_cast<const float4*>(pa.hs + (t * kN + s) * d.dim + i);
+    }
+    const float4 ft = *reinterpret_cast<const float4*>(pa.f + t * d.dim + i);
+    x = PostCombine<kN>(pa.post[t * kN + j], ft, in, pa.comb + t * kN * kN, j);
+    *reinterpret_cast<float4*>(pa.out + t * nd + k) = x;
+  }
+  xs[j][c4] = x;
+  {
+    float v[kV];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) v[r] = Dot4(w[r], x);
+    v[kRows] = Dot4(x, x);
+#pragma unroll
+    for (int r = kVals; r < kV; ++r) v[r] = 0.0f;
+    const float s = WarpMultiSum<kV>(v, lane);
+    const int idx = lane / kGroup;
+    if (lane % kGroup == 0 && idx < kVals) red[j][q][idx] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x < kN * kVals) {
+    const int s = threadIdx.x / kVals, r = threadIdx.x % kVals;
+    float a = red[s][0][r];
+#pragma unroll
+    for (int u = 1; u < kMixWarps; ++u) a += red[s][u][r];
+    part[s][r] = a;
+  }
+  cluster.sync();  // A
+  const bool sink = kPre && rank == (csize > 1 ? 1 : 0);
+  const int nparts = kN * csize;
+  const int need = sink ? kVals : kN + 1;
+  for (int u = warp; u < need; u += kClusterWarps) {
+    const int r = sink || u < kN ? u : kRows;
+    float s = 0.0f;
+    if (lane < nparts) s += *cluster.map_shared_rank(&part[lane / csize][r], lane % csize);
+    s = WarpSum(s);
+    if (lane == 0) vals[r] = s;
+  }
+  __syncthreads();
+  const float inv_mix = 1.0f / sqrtf(vals[kRows] / static_cast<float>(nd) + d.norm_eps);
+  if (sink && gates != nullptr) {  // deferred to HcGatesKernel
+    if (threadIdx.x < kVals) gates[t * kVals + threadIdx.x] = vals[threadIdx.x];
+  } else if (sink && warp == kClusterWarps - 1) {
+    PostAndComb<kN>(vals, inv_mix, base, scale, d, t, lane, post, comb);
+  }
+  float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (j == 0) {
+    float pre[kN];
+    PreGates<kN>(vals, inv_mix, base, scale, d.hc_eps, pre);
+    a = CollapseWith<kN>(pre, [&](int s) { return xs[s][c4]; });
+    const double sq = WarpSumD(SumSquares4D(a));
+    if (lane == 0) wsum[q] = sq;
+  }
+  cluster.sync();  // B
+  double total = 0.0;
+  if (j == 0) {
+    const int nw = kMixWarps * csize;  // HcFinalNormKernel's warps
+    if (lane < nw) total = *cluster.map_shared_rank(&wsum[lane % kMixWarps], lane / kMixWarps);
+    total = WarpSumD(total);
+  }
+  // No block may leave while another still reads its shared memory.
+  auto arrived = cluster.barrier_arrive();
+  if (j == 0) {
+    float4 wv = make_float4(1.f, 1.f, 1.f, 1.f);
+    if (norm_w != nullptr) wv = reinterpret_cast<const float4*>(norm_w + i)[0];
+    const float inv = RmsInverse(total, static_cast<int>(d.dim), rms_eps);
+    *reinterpret_cast<float4*>(normed + t * d.dim + i) = RmsApply4(a, wv, norm_w != nullptr, inv);
+  }
+  cluster.barrier_wait(std::move(arrived));
 }
 
 // out[t, k] = post[t, k] f[t] + Σ_j comb[t, j, k] hs[t, j], 4 columns of all n outputs per thread
@@ -614,7 +776,7 @@ template <bool kPre>
 absl::Status LaunchFinalNorm(const HcDims& d, const float* hs, const float* mix_parts,
                              int64_t parts, const float* base, const float* scale,
                              const float* norm_w, float rms_eps, float* normed, float* post,
-                             float* comb, cudaStream_t stream) {
+                             float* comb, float* gates, cudaStream_t stream) {
   if (!HcNormFits(d, hs, normed, norm_w)) {
     return absl::InvalidArgumentError(
         "HcPreNorm/HcHeadNorm: needs hc_mult in [1, 8], D % 4 == 0, D <= 4096 and 16-byte "
@@ -629,7 +791,7 @@ absl::Status LaunchFinalNorm(const HcDims& d, const float* hs, const float* mix_
     err = LaunchPdl(HcFinalNormKernel<N, kPre>,                                          \
                     dim3(static_cast<unsigned>(d.tokens), kPre ? 2 : 1), dim3(threads), 0,  \
                     stream, d, hs, mix_parts, parts, base, scale, norm_w, rms_eps, normed,  \
-                    post, comb);                                                            \
+                    post, comb, gates);                                                     \
     break;
     DSV4_HC_FINAL_NORM(1)
     DSV4_HC_FINAL_NORM(2)
@@ -650,16 +812,44 @@ absl::Status LaunchFinalNorm(const HcDims& d, const float* hs, const float* mix_
 
 absl::Status HcPreNorm(const HcDims& d, const float* hs, const float* mix_parts, int64_t parts,
                        const float* base, const float* scale, const float* norm_w, float rms_eps,
-                       float* normed, float* post, float* comb, cudaStream_t stream) {
+                       float* normed, float* post, float* comb, float* gates,
+                       cudaStream_t stream) {
   return LaunchFinalNorm<true>(d, hs, mix_parts, parts, base, scale, norm_w, rms_eps, normed,
-                               post, comb, stream);
+                               post, comb, gates, stream);
+}
+
+int64_t HcGateValues(int64_t n) { return (2 + n) * n + 1; }
+
+absl::Status HcGates(const HcDims& d, const float* gates, const float* base, const float* scale,
+                     float* post, float* comb, cudaStream_t stream) {
+  if (d.tokens == 0) return absl::OkStatus();
+  cudaError_t err = cudaErrorInvalidValue;  // n outside [1, 8]
+  switch (d.n) {
+#define DSV4_HC_GATES(N)                                                                      \
+  case N:                                                                                     \
+    err = LaunchPdl(HcGatesKernel<N>, dim3(static_cast<unsigned>(d.tokens)), dim3(32), 0, stream, \
+                    d, gates, base, scale, post, comb);                                       \
+    break;
+    DSV4_HC_GATES(1)
+    DSV4_HC_GATES(2)
+    DSV4_HC_GATES(3)
+    DSV4_HC_GATES(4)
+    DSV4_HC_GATES(5)
+    DSV4_HC_GATES(6)
+    DSV4_HC_GATES(7)
+    DSV4_HC_GATES(8)
+#undef DSV4_HC_GATES
+  }
+  CUDA_RETURN_IF_ERROR(err);
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
 }
 
 absl::Status HcHeadNorm(const HcDims& d, const float* hs, const float* mix_parts, int64_t parts,
                         const float* base, const float* scale, const float* norm_w,
                         float rms_eps, float* y, cudaStream_t stream) {
   return LaunchFinalNorm<false>(d, hs, mix_parts, parts, base, scale, norm_w, rms_eps, y,
-                                nullptr, nullptr, stream);
+                                nullptr, nullptr, nullptr, stream);
 }
 
 absl::Status HcPre(const HcDims& d, const float* hs, const float* mix_parts, int64_t parts,
@@ -717,6 +907,50 @@ absl::Status HcHead(const HcDims& d, const float* hs, const float* mix_parts, in
   if (d.tokens == 0) return absl::OkStatus();
   CUDA_RETURN_IF_ERROR(
       (LaunchFinal<false>(d, hs, mix_parts, parts, base, scale, y, nullptr, nullptr, stream)));
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+bool HcClusterFits(const HcDims& d, int64_t rows, const float* hs, const float* fn,
+                   const float* normed, const float* norm_w) {
+  const int64_t blocks = d.dim / kMixChunk;
+  return d.n == kClusterN && (rows == (2 + kClusterN) * kClusterN || rows == kClusterN) &&
+         d.tokens >= 1 && d.tokens <= kClusterMaxTokens && d.dim % kMixChunk == 0 && blocks >= 1 &&
+         blocks <= kClusterMaxBlocks && Aligned16(hs) && Aligned16(fn) && Aligned16(normed) &&
+         Aligned16(norm_w);
+}
+
+absl::Status HcClusterNorm(const HcDims& d, const HcPostIn* in, float* hs, const float* fn,
+                           int64_t rows, const float* base, const float* scale, const float* norm_w,
+                           float rms_eps, float* normed, float* post, float* comb, float* gates,
+                           cudaStream_t stream) {
+  if (!HcClusterFits(d, rows, hs, fn, normed, norm_w) ||
+      (in != nullptr && !HcPostMixFits(d, rows, in->hs, in->f, hs, fn)) ||
+      (in != nullptr && rows != (2 + kClusterN) * kClusterN)) {
+    return absl::InvalidArgumentError("HcClusterNorm: shape or operands outside HcClusterFits");
+  }
+  const unsigned csize = static_cast<unsigned>(d.dim / kMixChunk);
+  const dim3 grid(csize, static_cast<unsigned>(d.tokens));
+  const dim3 block(kClusterThreads);
+  PostArgs pa;
+  cudaError_t err;
+  if (in != nullptr) {
+    pa.hs = in->hs;
+    pa.f = in->f;
+    pa.post = in->post;
+    pa.comb = in->comb;
+    pa.dim = d.dim;
+    pa.out = hs;
+    err = LaunchPdlCluster(HcClusterKernel<24, 4>, grid, block, 0, stream, csize, d, hs, fn, pa,
+                           base, scale, norm_w, rms_eps, normed, post, comb, gates);
+  } else if (rows == 24) {
+    err = LaunchPdlCluster(HcClusterKernel<24, 0>, grid, block, 0, stream, csize, d, hs, fn, pa,
+                           base, scale, norm_w, rms_eps, normed, post, comb, gates);
+  } else {
+    err = LaunchPdlCluster(HcClusterKernel<4, 0>, grid, block, 0, stream, csize, d, hs, fn, pa,
+                           base, scale, norm_w, rms_eps, normed, post, comb, gates);
+  }
+  CUDA_RETURN_IF_ERROR(err);
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

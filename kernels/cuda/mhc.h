@@ -41,13 +41,40 @@ absl::Status HcPostMix(const HcDims& d, const float* hs, const float* f, const f
 // HcPre / HcHead followed by the RMSNorm of their output (norm_w [D] or null, eps rms_eps), one
 // block per token: normed = RmsNorm(collapsed), bit-identical to the two kernels; collapsed
 // itself is not written. HcNormFits: D % 4 == 0, D <= 4096, 16-byte aligned.
+// With `gates` (HcPreNorm, HcClusterNorm) post and comb are left to HcGates: the kernel writes
+// the summed mix values gates [T, HcGateValues(n)] instead, so the Sinkhorn (a serial chain as
+// long as the rest of the boundary; post and comb are read only at the next boundary) can run
+// on another stream, off the path to the normalised row. Same bits as the undeferred form.
 bool HcNormFits(const HcDims& d, const float* hs, const float* normed, const float* norm_w);
 absl::Status HcPreNorm(const HcDims& d, const float* hs, const float* mix_parts, int64_t parts,
                        const float* base, const float* scale, const float* norm_w, float rms_eps,
-                       float* normed, float* post, float* comb, cudaStream_t stream);
+                       float* normed, float* post, float* comb, float* gates,
+                       cudaStream_t stream);
+int64_t HcGateValues(int64_t n);
+absl::Status HcGates(const HcDims& d, const float* gates, const float* base, const float* scale,
+                     float* post, float* comb, cudaStream_t stream);
 absl::Status HcHeadNorm(const HcDims& d, const float* hs, const float* mix_parts, int64_t parts,
                         const float* base, const float* scale, const float* norm_w,
                         float rms_eps, float* y, cudaStream_t stream);
+// A whole boundary in one launch, one thread-block cluster of D / 512 blocks per token: the mix of
+// hs with fn (rows 24: HcPre, writing post and comb; rows 4: HcHead), its gates, the collapse and
+// the RMSNorm into normed, the mix sums exchanged in distributed shared memory. With `in`, hs is
+// first written as HcPost(in) (HcPostMix's operands; rows 24 only). Bit-identical to HcMix /
+// HcPostMix followed by HcPreNorm / HcHeadNorm. HcClusterFits: hc_mult 4, D a multiple of 512 up
+// to 4096, 1..16 tokens, 16-byte aligned (the CUDA backend's DSV4_HC_CLUSTER=0 keeps the two
+// kernels).
+struct HcPostIn {
+  const float* hs = nullptr;
+  const float* f = nullptr;
+  const float* post = nullptr;
+  const float* comb = nullptr;
+};
+bool HcClusterFits(const HcDims& d, int64_t rows, const float* hs, const float* fn,
+                   const float* normed, const float* norm_w);
+absl::Status HcClusterNorm(const HcDims& d, const HcPostIn* in, float* hs, const float* fn,
+                           int64_t rows, const float* base, const float* scale, const float* norm_w,
+                           float rms_eps, float* normed, float* post, float* comb, float* gates,
+                           cudaStream_t stream);
 // y [T, D] = Σ_j (σ(mix_j scale + base_j) + eps) hs[t, j], mix = rms-normed flatten(hs) · fnᵀ.
 absl::Status HcHead(const HcDims& d, const float* hs, const float* mix_parts, int64_t parts,
                     const float* base,

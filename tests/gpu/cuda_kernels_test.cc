@@ -326,13 +326,18 @@ TEST(CudaOps, HyperConnectionsPrePostHead) {
 
 // The fused sub-block boundaries (HcPostMix + HcPreNorm, HcHeadNorm) against the same GPU
 // backend's ops one by one (bit for bit: same rounding by construction) and against the CPU
-// reference. D = 4100 exceeds the fused kernel (D <= 4096) and checks the fallback.
+// reference. D = 4100 exceeds the fused kernels (D <= 4096) and checks the fallback. Up to 16
+// tokens with D a multiple of 512 (clusters of 8, 2 and 1 blocks here) the boundary is one
+// cluster launch (cuda::HcClusterNorm); 17 and 129 tokens, and D = 128, take the two kernels.
 TEST(CudaOps, HyperConnectionBoundariesEqualTheOpsOneByOne) {
   DSV4_REQUIRE_GPU();
   BackendPair p;
-  const std::vector<std::vector<SeqSpec>> layouts = {
-      {{0, 9}, {50, 1}, {0, 120}}, {{10, 1}}, {{3, 1}, {5, 1}, {0, 4}}};
-  for (int64_t D : {4096, 128, 4100})
+  const std::vector<std::vector<SeqSpec>> layouts = {{{0, 9}, {50, 1}, {0, 120}},
+                                                     {{10, 1}},
+                                                     {{3, 1}, {5, 1}, {0, 4}},
+                                                     {{0, 16}},
+                                                     {{0, 16}, {7, 1}}};
+  for (int64_t D : {4096, 128, 4100, 1024, 512})
   for (const auto& layout : layouts) {
     SCOPED_TRACE(::testing::Message() << "D=" << D << " seqs=" << layout.size());
     p.Begin(layout, kBlock);

@@ -22,6 +22,38 @@
 namespace dsv4 {
 namespace {
 
+// The ops DSV4_BENCH_REPEAT_OPS may name (Linear by weight size: Small < 16 MiB, Head >= 256 MiB,
+// Large between), in the bit order of CudaBackend::repeat_ops_ (the names in Create).
+enum BenchOp {
+  kBenchLinearSmall,
+  kBenchLinearLarge,
+  kBenchLinearHead,
+  kBenchGroupedLinear,
+  kBenchRmsNorm,
+  kBenchRope,
+  kBenchRmsNormRope,
+  kBenchHcPreNorm,
+  kBenchHcPostPreNorm,
+  kBenchHcHeadNorm,
+  kBenchHcPost,
+  kBenchGatherLogitRows,
+  kBenchCompress,
+  kBenchIndexerTopK,
+  kBenchAttention,
+  kBenchRingWrite,
+  kBenchRoute,
+  kBenchMoeExperts,
+  kBenchSharedExpertUp,
+  kBenchOpCount
+};
+
+int LinearBenchOp(const Tensor& w) {
+  const size_t bytes = w.nbytes();
+  return bytes < (size_t{16} << 20)     ? kBenchLinearSmall
+         : bytes >= (size_t{256} << 20) ? kBenchLinearHead
+                                        : kBenchLinearLarge;
+}
+
 constexpr size_t kAlign = 256;
 // Measured on H200 (bench/gpu_kernels.cc): the GEMV kernel beats cuBLASLt for one row and
 // outputs up to ~2k wide (q_a 18 -> 11 us, kv 20 -> 11 us), loses beyond and for 8 rows.
@@ -74,6 +106,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     ASSIGN_OR_RETURN(b->side_gemm_[i], cuda::Gemm::Create());
   }
   ASSIGN_OR_RETURN(b->side_fork_, CudaEvent::Create(cudaEventDisableTiming));
+  ASSIGN_OR_RETURN(b->gates_stream_, CudaStream::Create());
+  ASSIGN_OR_RETURN(b->gates_fork_, CudaEvent::Create(cudaEventDisableTiming));
+  ASSIGN_OR_RETURN(b->gates_done_, CudaEvent::Create(cudaEventDisableTiming));
   ASSIGN_OR_RETURN(b->meta_copied_, CudaEvent::Create(cudaEventDisableTiming));
   ASSIGN_OR_RETURN(b->gemm_, cuda::Gemm::Create());
   ASSIGN_OR_RETURN(const bool profile, EnvBool("DSV4_PROFILE_OPS", false));
@@ -87,6 +122,16 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   // DSV4_PDL=0: no programmatic dependent launch (read by the launchers; checked here so that a
   // bad value is an error, not a silent "on").
   RETURN_IF_ERROR(EnvBool("DSV4_PDL", true).status());
+  // DSV4_HC_CLUSTER=0: decode boundaries in two kernels (the A/B baseline of the cluster launch).
+  ASSIGN_OR_RETURN(b->hc_cluster_, EnvBool("DSV4_HC_CLUSTER", true));
+  ASSIGN_OR_RETURN(
+      b->repeat_ops_,
+      EnvSubset("DSV4_BENCH_REPEAT_OPS",
+                {"LinearSmall", "LinearLarge", "LinearHead", "GroupedLinear", "RmsNorm", "Rope",
+                 "RmsNormRope", "HcPreNorm", "HcPostPreNorm", "HcHeadNorm", "HcPost",
+                 "GatherLogitRows", "Compress", "IndexerTopK", "Attention", "RingWrite", "Route",
+                 "MoeExperts", "SharedExpertUp"}));
+  static_assert(kBenchOpCount == 19, "one name per BenchOp, in order");
   return b;
 }
 
@@ -95,6 +140,7 @@ CudaBackend::~CudaBackend() {
   for (const CudaStream& side : side_) {
     if (side.get() != nullptr) CUDA_LOG_IF_ERROR(cudaStreamSynchronize(side.get()));
   }
+  if (gates_stream_.get() != nullptr) CUDA_LOG_IF_ERROR(cudaStreamSynchronize(gates_stream_.get()));
   if (stream_.get() != nullptr) CUDA_LOG_IF_ERROR(cudaStreamSynchronize(stream_.get()));
   if (profile_) std::fputs(profile_->Report().c_str(), stderr);
 }
@@ -195,7 +241,7 @@ absl::StatusOr<Tensor> CudaBackend::Bump(Arena* arena, DType dtype, Shape shape)
 
 absl::Status CudaBackend::BeginStep(const StepMeta& meta) {
   CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
-  if (pw_ != nullptr || eager_depth_ != 0 || on_side_ || side_pending_ != 0) {
+  if (pw_ != nullptr || eager_depth_ != 0 || on_side_ || side_pending_ != 0 || gates_pending_) {
     // A failed step left a capture, piecewise run or side region open: close it (joining the
     // side stream) so that one error does not fail every later step.
     std::fputs("cuda backend: closing a graph capture or side region left open by a failed step\n",
@@ -295,6 +341,7 @@ absl::Status CudaBackend::BeginPiecewise(PiecewiseGraph* g, bool capture, EagerR
 }
 
 absl::Status CudaBackend::CutSegment() {
+  RETURN_IF_ERROR(JoinGates());  // a segment's capture ends with every fork joined
   const std::pair<size_t, size_t> mark{model_arena_.block, model_arena_.offset};
   if (pw_capture_) {
     ASSIGN_OR_RETURN(CudaGraphExec seg, CudaGraphExec::EndCapture(stream_.get()));
@@ -313,6 +360,7 @@ absl::Status CudaBackend::CutSegment() {
 
 absl::Status CudaBackend::EnterEager() {
   if (pw_ == nullptr || eager_depth_++ > 0) return absl::OkStatus();
+  RETURN_IF_ERROR(JoinGates());
   if (on_side_ || side_pending_ != 0) {
     return absl::InternalError("piecewise cut inside a side region (join it first)");
   }
@@ -376,7 +424,31 @@ absl::Status CudaBackend::Mark(StepMark mark) {
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::JoinGates() {
+  if (!gates_pending_) return absl::OkStatus();
+  CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_.get(), gates_done_.get(), 0));
+  gates_pending_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::DeferredGates(const cuda::HcDims& d, const Tensor& gates,
+                                        const HcGateNorm& g, Tensor post, Tensor comb) {
+  if (profile_ || on_side_) {
+    return cuda::HcGates(d, gates.ptr<float>(), F(g.base), F(g.scale), post.ptr<float>(),
+                         comb.ptr<float>(), cur_stream());
+  }
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(gates_fork_.get(), stream_.get()));
+  CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(gates_stream_.get(), gates_fork_.get(), 0));
+  // Pending from here: a failed launch is still joined (JoinGates, AbortGraphs).
+  gates_pending_ = true;
+  RETURN_IF_ERROR(cuda::HcGates(d, gates.ptr<float>(), F(g.base), F(g.scale), post.ptr<float>(),
+                                comb.ptr<float>(), gates_stream_.get()));
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(gates_done_.get(), gates_stream_.get()));
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::JoinSides() {
+  RETURN_IF_ERROR(JoinGates());
   for (int i = 0; i < kSideLanes; ++i) {
     if ((side_pending_ & (1u << i)) == 0) continue;
     // (The bit stays set if the wait fails: AbortGraphs then still joins the lane.)
@@ -388,6 +460,12 @@ absl::Status CudaBackend::JoinSides() {
 }
 
 void CudaBackend::AbortGraphs() {
+  if (gates_pending_) {
+    cudaEventRecord(gates_done_.get(), gates_stream_.get());
+    cudaStreamWaitEvent(stream_.get(), gates_done_.get(), 0);
+    cudaGetLastError();
+    gates_pending_ = false;
+  }
   if (on_side_ || side_pending_ != 0) {
     // Join the side streams first: nothing is left behind on them, and a capture that forked
     // onto them can end (an unjoined fork makes cudaStreamEndCapture fail).
@@ -451,6 +529,7 @@ absl::StatusOr<int64_t> CudaBackend::LaunchMaxPosition() const {
 
 absl::Status CudaBackend::CopyToHost(const Tensor& src, void* dst) {
   ProfileRelease();
+  RETURN_IF_ERROR(JoinGates());
   CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost, stream_.get()));
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
@@ -498,12 +577,16 @@ absl::Status CudaBackend::Linear(const Tensor& x, const Tensor& w, Tensor y) {
   // lm_head cuBLASLt streams ~4% faster). Other single-row products with narrow outputs: the
   // split-K GEMV (cuBLASLt picks few CTAs there); everything else stays with cuBLASLt.
   if (UseRowGemv(x, w)) {
-    return cuda::RowGemvBf16(x.ptr<float>(), w.dim(1), w.data, w.dim(0), w.dim(0), y.ptr<float>(),
-                             cur_stream());
+    return Launch(LinearBenchOp(w), [&] {
+      return cuda::RowGemvBf16(x.ptr<float>(), w.dim(1), w.data, w.dim(0), w.dim(0), y.ptr<float>(),
+                               cur_stream());
+    });
   }
   if (x.dim(0) == 1 && w.dim(0) <= kSmallGemvMaxN && w.dim(1) % 8 == 0) {
-    return cuda::SmallGemv(x.ptr<float>(), x.dim(0), w.dim(1), w.data, w.dtype, w.dim(0),
-                           y.ptr<float>(), cur_stream());
+    return Launch(LinearBenchOp(w), [&] {
+      return cuda::SmallGemv(x.ptr<float>(), x.dim(0), w.dim(1), w.data, w.dtype, w.dim(0),
+                             y.ptr<float>(), cur_stream());
+    });
   }
   ASSIGN_OR_RETURN(const void* xin, MatrixOperand(x, w));
   cuda::GemmShape s;
@@ -511,7 +594,8 @@ absl::Status CudaBackend::Linear(const Tensor& x, const Tensor& w, Tensor y) {
   s.n = w.dim(0);
   s.k = w.dim(1);
   s.dtype = w.dtype;
-  return gemm().Run(s, xin, w.data, y.ptr<float>(), cur_stream());
+  return Launch(LinearBenchOp(w),
+                [&] { return gemm().Run(s, xin, w.data, y.ptr<float>(), cur_stream()); });
 }
 
 absl::Status CudaBackend::GroupedLinear(const Tensor& x, const Tensor& w, int64_t groups,
@@ -520,8 +604,10 @@ absl::Status CudaBackend::GroupedLinear(const Tensor& x, const Tensor& w, int64_
   if (skip()) return absl::OkStatus();
   ProfileScope prof(profile_.get(), cur_stream(), "GroupedLinear", x, w);
   if (UseRowGemv(x, w)) {
-    return cuda::RowGemvBf16(x.ptr<float>(), w.dim(1), w.data, w.dim(0), w.dim(0) / groups,
-                             y.ptr<float>(), cur_stream());
+    return Launch(kBenchGroupedLinear, [&] {
+      return cuda::RowGemvBf16(x.ptr<float>(), w.dim(1), w.data, w.dim(0), w.dim(0) / groups,
+                               y.ptr<float>(), cur_stream());
+    });
   }
   ASSIGN_OR_RETURN(const void* xin, MatrixOperand(x, w));
   cuda::GemmShape s;
@@ -535,7 +621,8 @@ absl::Status CudaBackend::GroupedLinear(const Tensor& x, const Tensor& w, int64_
   s.stride_x = s.k;
   s.stride_w = s.n * s.k;
   s.stride_y = s.n;
-  return gemm().Run(s, xin, w.data, y.ptr<float>(), cur_stream());
+  return Launch(kBenchGroupedLinear,
+                [&] { return gemm().Run(s, xin, w.data, y.ptr<float>(), cur_stream()); });
 }
 
 absl::Status CudaBackend::RmsNorm(const Tensor& x, const Tensor& weight, const RmsNormParams& p,
@@ -544,16 +631,20 @@ absl::Status CudaBackend::RmsNorm(const Tensor& x, const Tensor& weight, const R
   if (skip()) return absl::OkStatus();
   ProfileScope prof(profile_.get(), cur_stream(), "RmsNorm", x);
   const int64_t dim = x.dim(x.shape.rank - 1);
-  return cuda::RmsNorm(x.ptr<float>(), F(weight), x.numel() / dim, dim, p.eps, y.ptr<float>(),
-                       cur_stream());
+  return Launch(kBenchRmsNorm, [&] {
+    return cuda::RmsNorm(x.ptr<float>(), F(weight), x.numel() / dim, dim, p.eps, y.ptr<float>(),
+                         cur_stream());
+  });
 }
 
 absl::Status CudaBackend::Rope(Tensor x, const RopeParams& p) {
   RETURN_IF_ERROR(op_checks::Rope(x, p, view_.num_tokens));
   if (skip()) return absl::OkStatus();
   ProfileScope prof(profile_.get(), cur_stream(), "Rope", x);
-  return cuda::Rope(x.ptr<float>(), x.dim(0), x.dim(1), x.dim(2), p.rope_dims, F(p.inv_freq),
-                    view_.positions, p.inverse, cur_stream());
+  return Launch(kBenchRope, [&] {
+    return cuda::Rope(x.ptr<float>(), x.dim(0), x.dim(1), x.dim(2), p.rope_dims, F(p.inv_freq),
+                      view_.positions, p.inverse, cur_stream());
+  });
 }
 
 absl::Status CudaBackend::RmsNormRope(Tensor x, const Tensor& weight, const RmsNormParams& norm,
@@ -565,9 +656,11 @@ absl::Status CudaBackend::RmsNormRope(Tensor x, const Tensor& weight, const RmsN
     return Backend::RmsNormRope(x, weight, norm, rope);
   }
   ProfileScope prof(profile_.get(), cur_stream(), "RmsNormRope", x);
-  return cuda::RmsNormRope(x.ptr<float>(), F(weight), x.dim(0), x.dim(1), x.dim(2), norm.eps,
-                           rope.rope_dims, F(rope.inv_freq), view_.positions, rope.inverse,
-                           cur_stream());
+  return Launch(kBenchRmsNormRope, [&] {
+    return cuda::RmsNormRope(x.ptr<float>(), F(weight), x.dim(0), x.dim(1), x.dim(2), norm.eps,
+                             rope.rope_dims, F(rope.inv_freq), view_.positions, rope.inverse,
+                             cur_stream());
+  });
 }
 
 absl::Status CudaBackend::Add(const Tensor& a, const Tensor& b, Tensor out) {
@@ -581,8 +674,10 @@ absl::Status CudaBackend::GatherLogitRows(const Tensor& x, Tensor out) {
   RETURN_IF_ERROR(op_checks::GatherLogitRows(x, out, num_logit_rows_));
   if (skip()) return absl::OkStatus();
   ProfileScope prof(profile_.get(), cur_stream(), "GatherLogitRows", out);
-  return cuda::GatherRows(x.ptr<float>(), x.dim(1), logit_rows_, num_logit_rows_, out.ptr<float>(),
-                          cur_stream());
+  return Launch(kBenchGatherLogitRows, [&] {
+    return cuda::GatherRows(x.ptr<float>(), x.dim(1), logit_rows_, num_logit_rows_,
+                            out.ptr<float>(), cur_stream());
+  });
 }
 
 absl::Status CudaBackend::HcExpand(const Tensor& x, Tensor hs) {
@@ -610,6 +705,7 @@ absl::Status CudaBackend::HcPre(const Tensor& hs, const Tensor& fn, const Tensor
                                 Tensor post, Tensor comb) {
   RETURN_IF_ERROR(op_checks::HcPre(hs, fn, base, scale, p, collapsed, post, comb));
   if (skip()) return absl::OkStatus();
+  RETURN_IF_ERROR(JoinGates());
   ProfileScope prof(profile_.get(), cur_stream(), "HcPre", hs);
   ASSIGN_OR_RETURN(Tensor mix, HcMix(hs, fn));
   return cuda::HcPre(op_checks::HcShapeOf(hs, p), hs.ptr<float>(), mix.ptr<float>(), mix.dim(0),
@@ -621,11 +717,14 @@ absl::Status CudaBackend::HcPost(const Tensor& hs, const Tensor& f, const Tensor
                                  const Tensor& comb, Tensor out) {
   RETURN_IF_ERROR(op_checks::HcPost(hs, f, post, comb, out));
   if (skip()) return absl::OkStatus();
+  RETURN_IF_ERROR(JoinGates());
   ProfileScope prof(profile_.get(), cur_stream(), "HcPost", hs);
   HcParams p;
   p.hc_mult = hs.dim(1);
-  return cuda::HcPost(op_checks::HcShapeOf(hs, p), hs.ptr<float>(), f.ptr<float>(),
-                      post.ptr<float>(), comb.ptr<float>(), out.ptr<float>(), cur_stream());
+  return Launch(kBenchHcPost, [&] {
+    return cuda::HcPost(op_checks::HcShapeOf(hs, p), hs.ptr<float>(), f.ptr<float>(),
+                        post.ptr<float>(), comb.ptr<float>(), out.ptr<float>(), cur_stream());
+  });
 }
 
 absl::Status CudaBackend::HcHead(const Tensor& hs, const Tensor& fn, const Tensor& base,
@@ -640,8 +739,9 @@ absl::Status CudaBackend::HcHead(const Tensor& hs, const Tensor& fn, const Tenso
 
 // The sub-block boundaries in two kernels instead of four (HcPost, mix, HcPre, RmsNorm): the
 // mix kernel computes HcPost's streams as it reads them (cuda::HcPostMix), and the gate kernel
-// normalises its collapsed row (cuda::HcPreNorm). Shapes the kernels do not cover run the
-// Backend defaults (the ops one by one).
+// normalises its collapsed row (cuda::HcPreNorm). Up to 16 tokens (decode) both are one launch,
+// a thread-block cluster per token (cuda::HcClusterNorm, the same bits). Shapes the kernels do
+// not cover run the Backend defaults (the ops one by one).
 absl::Status CudaBackend::HcPreNorm(const Tensor& hs, const HcGateNorm& g, Tensor normed,
                                     Tensor post, Tensor comb) {
   RETURN_IF_ERROR(op_checks::HcPre(hs, g.fn, g.base, g.scale, g.hc, normed, post, comb));
@@ -651,11 +751,28 @@ absl::Status CudaBackend::HcPreNorm(const Tensor& hs, const HcGateNorm& g, Tenso
     return Backend::HcPreNorm(hs, g, normed, post, comb);
   }
   if (skip()) return absl::OkStatus();
+  RETURN_IF_ERROR(JoinGates());
   ProfileScope prof(profile_.get(), cur_stream(), "HcPreNorm", hs);
-  ASSIGN_OR_RETURN(Tensor mix, HcMix(hs, g.fn));
-  return cuda::HcPreNorm(d, hs.ptr<float>(), mix.ptr<float>(), mix.dim(0), F(g.base), F(g.scale),
-                         F(g.norm_weight), g.norm.eps, normed.ptr<float>(), post.ptr<float>(),
-                         comb.ptr<float>(), cur_stream());
+  const int64_t rows = g.fn.numel() / (hs.dim(1) * hs.dim(2));
+  const bool cluster =
+      hc_cluster_ && cuda::HcClusterFits(d, rows, hs.ptr<float>(), g.fn.ptr<float>(),
+                                         normed.ptr<float>(), F(g.norm_weight));
+  ASSIGN_OR_RETURN(Tensor gates, OpScratch(DType::kF32, Shape{d.tokens, cuda::HcGateValues(d.n)}));
+  return Launch(kBenchHcPreNorm, [&]() -> absl::Status {
+    if (cluster) {
+      RETURN_IF_ERROR(cuda::HcClusterNorm(d, nullptr, hs.ptr<float>(), g.fn.ptr<float>(), rows,
+                                          F(g.base), F(g.scale), F(g.norm_weight), g.norm.eps,
+                                          normed.ptr<float>(), nullptr, nullptr,
+                                          gates.ptr<float>(), cur_stream()));
+    } else {
+      ASSIGN_OR_RETURN(Tensor mix, HcMix(hs, g.fn));
+      RETURN_IF_ERROR(cuda::HcPreNorm(d, hs.ptr<float>(), mix.ptr<float>(), mix.dim(0),
+                                      F(g.base), F(g.scale), F(g.norm_weight), g.norm.eps,
+                                      normed.ptr<float>(), nullptr, nullptr, gates.ptr<float>(),
+                                      cur_stream()));
+    }
+    return DeferredGates(d, gates, g, post, comb);
+  });
 }
 
 absl::Status CudaBackend::HcPostPreNorm(const Tensor& hs, const Tensor& f, const Tensor& post,
@@ -673,15 +790,36 @@ absl::Status CudaBackend::HcPostPreNorm(const Tensor& hs, const Tensor& f, const
     return Backend::HcPostPreNorm(hs, f, post, comb, hs_out, g, normed, post_out, comb_out);
   }
   if (skip()) return absl::OkStatus();
+  RETURN_IF_ERROR(JoinGates());  // post and comb of the previous boundary
   ProfileScope prof(profile_.get(), cur_stream(), "HcPostPreNorm", hs);
-  ASSIGN_OR_RETURN(Tensor mix,
-                   OpScratch(DType::kF32, Shape{cuda::HcMixParts(d.tokens, nd), d.tokens, rows + 1}));
-  RETURN_IF_ERROR(cuda::HcPostMix(d, hs.ptr<float>(), f.ptr<float>(), post.ptr<float>(),
-                                  comb.ptr<float>(), hs_out.ptr<float>(), g.fn.ptr<float>(), rows,
-                                  mix.ptr<float>(), cur_stream()));
-  return cuda::HcPreNorm(d, hs_out.ptr<float>(), mix.ptr<float>(), mix.dim(0), F(g.base),
-                         F(g.scale), F(g.norm_weight), g.norm.eps, normed.ptr<float>(),
-                         post_out.ptr<float>(), comb_out.ptr<float>(), cur_stream());
+  const bool cluster =
+      hc_cluster_ && cuda::HcClusterFits(d, rows, hs_out.ptr<float>(), g.fn.ptr<float>(),
+                                         normed.ptr<float>(), F(g.norm_weight));
+  ASSIGN_OR_RETURN(Tensor gates, OpScratch(DType::kF32, Shape{d.tokens, cuda::HcGateValues(d.n)}));
+  return Launch(kBenchHcPostPreNorm, [&]() -> absl::Status {
+    if (cluster) {
+      cuda::HcPostIn in;
+      in.hs = hs.ptr<float>();
+      in.f = f.ptr<float>();
+      in.post = post.ptr<float>();
+      in.comb = comb.ptr<float>();
+      RETURN_IF_ERROR(cuda::HcClusterNorm(d, &in, hs_out.ptr<float>(), g.fn.ptr<float>(), rows,
+                                          F(g.base), F(g.scale), F(g.norm_weight), g.norm.eps,
+                                          normed.ptr<float>(), nullptr, nullptr,
+                                          gates.ptr<float>(), cur_stream()));
+    } else {
+      ASSIGN_OR_RETURN(Tensor mix, OpScratch(DType::kF32, Shape{cuda::HcMixParts(d.tokens, nd),
+                                                                d.tokens, rows + 1}));
+      RETURN_IF_ERROR(cuda::HcPostMix(d, hs.ptr<float>(), f.ptr<float>(), post.ptr<float>(),
+                                      comb.ptr<float>(), hs_out.ptr<float>(), g.fn.ptr<float>(),
+                                      rows, mix.ptr<float>(), cur_stream()));
+      RETURN_IF_ERROR(cuda::HcPreNorm(d, hs_out.ptr<float>(), mix.ptr<float>(), mix.dim(0),
+                                      F(g.base), F(g.scale), F(g.norm_weight), g.norm.eps,
+                                      normed.ptr<float>(), nullptr, nullptr, gates.ptr<float>(),
+                                      cur_stream()));
+    }
+    return DeferredGates(d, gates, g, post_out, comb_out);
+  });
 }
 
 absl::Status CudaBackend::HcHeadNorm(const Tensor& hs, const HcGateNorm& g, Tensor y) {
@@ -693,9 +831,20 @@ absl::Status CudaBackend::HcHeadNorm(const Tensor& hs, const HcGateNorm& g, Tens
   }
   if (skip()) return absl::OkStatus();
   ProfileScope prof(profile_.get(), cur_stream(), "HcHeadNorm", hs);
-  ASSIGN_OR_RETURN(Tensor mix, HcMix(hs, g.fn));
-  return cuda::HcHeadNorm(d, hs.ptr<float>(), mix.ptr<float>(), mix.dim(0), F(g.base), F(g.scale),
-                          F(g.norm_weight), g.norm.eps, y.ptr<float>(), cur_stream());
+  const int64_t rows = g.fn.numel() / (hs.dim(1) * hs.dim(2));
+  const bool cluster =
+      hc_cluster_ && cuda::HcClusterFits(d, rows, hs.ptr<float>(), g.fn.ptr<float>(),
+                                         y.ptr<float>(), F(g.norm_weight));
+  return Launch(kBenchHcHeadNorm, [&]() -> absl::Status {
+    if (cluster) {
+      return cuda::HcClusterNorm(d, nullptr, hs.ptr<float>(), g.fn.ptr<float>(), rows, F(g.base),
+                                 F(g.scale), F(g.norm_weight), g.norm.eps, y.ptr<float>(), nullptr,
+                                 nullptr, nullptr, cur_stream());
+    }
+    ASSIGN_OR_RETURN(Tensor mix, HcMix(hs, g.fn));
+    return cuda::HcHeadNorm(d, hs.ptr<float>(), mix.ptr<float>(), mix.dim(0), F(g.base), F(g.scale),
+                            F(g.norm_weight), g.norm.eps, y.ptr<float>(), cur_stream());
+  });
 }
 
 absl::Status CudaBackend::Compress(const CompressParams& p, const Tensor& a, const Tensor& z,
@@ -709,9 +858,11 @@ absl::Status CudaBackend::Compress(const CompressParams& p, const Tensor& a, con
   d.dim = p.dim;
   d.rope_dims = p.rope.rope_dims;
   d.norm_eps = p.norm_eps;
-  return cuda::Compress(d, view_, a.ptr<float>(), z.ptr<float>(), F(p.position_bias),
-                        F(p.norm_weight), F(p.rope.inv_freq), state.ptr<float>(),
-                        entries.ptr<float>(), cur_stream());
+  return Launch(kBenchCompress, [&] {
+    return cuda::Compress(d, view_, a.ptr<float>(), z.ptr<float>(), F(p.position_bias),
+                          F(p.norm_weight), F(p.rope.inv_freq), state.ptr<float>(),
+                          entries.ptr<float>(), cur_stream());
+  });
 }
 
 absl::Status CudaBackend::IndexerTopK(const IndexerParams& p, const Tensor& q,
@@ -745,9 +896,10 @@ absl::Status CudaBackend::IndexerTopK(const IndexerParams& p, const Tensor& q,
     ASSIGN_OR_RETURN(step_scores_, OpScratch(DType::kF32, Shape{need}));
   }
   const Tensor& scores = step_scores_;
-  RETURN_IF_ERROR(cuda::IndexerTopK(d, view_, q.ptr<float>(), weights.ptr<float>(),
-                                    keys.ptr<float>(), max_visible, scores.ptr<float>(),
-                                    out.ptr<int32_t>(), stream_.get()));
+  RETURN_IF_ERROR(Launch(kBenchIndexerTopK, [&] {
+    return cuda::IndexerTopK(d, view_, q.ptr<float>(), weights.ptr<float>(), keys.ptr<float>(),
+                             max_visible, scores.ptr<float>(), out.ptr<int32_t>(), stream_.get());
+  }));
   return LeaveEager();
 }
 
@@ -787,9 +939,11 @@ absl::Status CudaBackend::Attention(const AttentionParams& p, const Tensor& q, c
     ASSIGN_OR_RETURN(Tensor w, OpScratch(DType::kF32, Shape{n}));
     ws = w.ptr<float>();
   }
-  RETURN_IF_ERROR(cuda::Attention(d, view_, q.ptr<float>(), kv.ptr<float>(), ring.ptr<float>(),
-                                  p.ratio > 0 ? F(entries) : nullptr, I(selected), F(sinks),
-                                  out.ptr<float>(), ws, stream_.get()));
+  RETURN_IF_ERROR(Launch(kBenchAttention, [&] {
+    return cuda::Attention(d, view_, q.ptr<float>(), kv.ptr<float>(), ring.ptr<float>(),
+                           p.ratio > 0 ? F(entries) : nullptr, I(selected), F(sinks),
+                           out.ptr<float>(), ws, stream_.get());
+  }));
   return LeaveEager();
 }
 
@@ -797,8 +951,10 @@ absl::Status CudaBackend::RingWrite(const Tensor& kv, Tensor ring) {
   RETURN_IF_ERROR(op_checks::RingWrite(kv, ring, view_.num_tokens));
   if (skip()) return absl::OkStatus();
   ProfileScope prof(profile_.get(), cur_stream(), "RingWrite", kv);
-  return cuda::RingWrite(kv.ptr<float>(), ring.dim(2), ring.dim(1), view_, ring.ptr<float>(),
-                         cur_stream());
+  return Launch(kBenchRingWrite, [&] {
+    return cuda::RingWrite(kv.ptr<float>(), ring.dim(2), ring.dim(1), view_, ring.ptr<float>(),
+                           cur_stream());
+  });
 }
 
 absl::Status CudaBackend::Route(const RouterParams& p, const Tensor& logits, const Tensor& bias,
@@ -811,8 +967,10 @@ absl::Status CudaBackend::Route(const RouterParams& p, const Tensor& logits, con
   d.experts = logits.dim(1);
   d.top_k = p.top_k;
   d.routed_scale = p.routed_scale;
-  return cuda::Route(d, logits.ptr<float>(), F(bias), p.hash ? I(tid2eid) : nullptr,
-                     view_.token_ids, idx.ptr<int32_t>(), weights.ptr<float>(), cur_stream());
+  return Launch(kBenchRoute, [&] {
+    return cuda::Route(d, logits.ptr<float>(), F(bias), p.hash ? I(tid2eid) : nullptr,
+                       view_.token_ids, idx.ptr<int32_t>(), weights.ptr<float>(), cur_stream());
+  });
 }
 
 absl::Status CudaBackend::MoeExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,
@@ -849,7 +1007,7 @@ absl::Status CudaBackend::MoeExperts(const Tensor& u, const Tensor& idx, const T
     ProfileScope prof(profile_.get(), cur_stream(), "MoeExperts", u, gate_up);
     ASSIGN_OR_RETURN(Tensor h, OpScratch(DType::kF32, Shape{cuda::kMoeDecodeMaxSlots * a.inter}));
     a.h = h.ptr<float>();
-    return cuda::MoeDecodeBf16(a, cur_stream());
+    return Launch(kBenchMoeExperts, [&] { return cuda::MoeDecodeBf16(a, cur_stream()); });
   }
   RETURN_IF_ERROR(RoutedExperts(u, idx, weights, w, swiglu_limit, out));
   return AddSharedExpert(*this, u, w, swiglu_limit, out);
@@ -873,7 +1031,7 @@ absl::Status CudaBackend::SharedExpertUp(const Tensor& u, const MoeWeights& w,
   }
   if (skip()) return absl::OkStatus();
   ProfileScope prof(profile_.get(), cur_stream(), "SharedExpertUp", u, w.shared_gate_up);
-  return cuda::SharedExpertUpBf16(a, cur_stream());
+  return Launch(kBenchSharedExpertUp, [&] { return cuda::SharedExpertUpBf16(a, cur_stream()); });
 }
 
 absl::Status CudaBackend::RoutedExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,

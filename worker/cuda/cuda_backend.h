@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/mhc.h"
 #include "kernels/ragged_batch.h"
 #include "worker/cuda/device_memory.h"
 #include "worker/cuda/op_profile.h"
@@ -193,8 +194,20 @@ class CudaBackend final : public Backend {
   // Each side lane has its own cuBLASLt workspace: they run concurrently.
   std::array<std::unique_ptr<cuda::Gemm>, kSideLanes> side_gemm_;
   cuda::Gemm& gemm() { return on_side_ ? *side_gemm_[side_lane_] : *gemm_; }
-  // Joins every pending side lane into the main stream (errors returned, not logged).
+  // Joins every pending side lane (and the gates lane) into the main stream (errors returned,
+  // not logged).
   absl::Status JoinSides();
+  // The mHC boundaries' Sinkhorn (cuda::HcGates) is deferred to its own stream: forked after the
+  // boundary's kernel, it writes post and comb while the sub-block's first products run. Joined
+  // (JoinGates) before any op that reads or writes post / comb again, at every side join, before
+  // a piecewise cut and before a copy to the host. Inline (no fork) when profiling or inside a
+  // side region.
+  CudaStream gates_stream_;
+  CudaEvent gates_fork_, gates_done_;
+  bool gates_pending_ = false;
+  absl::Status JoinGates();
+  absl::Status DeferredGates(const cuda::HcDims& d, const Tensor& gates, const HcGateNorm& g,
+                             Tensor post, Tensor comb);
   std::vector<DeviceBuffer> persistent_;
   size_t persistent_bytes_ = 0;
   Arena model_arena_, op_arena_;
@@ -209,6 +222,17 @@ class CudaBackend final : public Backend {
   Tensor step_scores_;  // the indexer's scores of this step (op arena)
   bool shortcut_in_capture_ = false;
   bool row_gemv_ = true;  // single-token GEMV / fused MoE kernels (kernels/cuda/gemv.h)
+  bool hc_cluster_ = true;  // decode boundaries as one cluster launch (cuda::HcClusterNorm)
+  // Benchmarks only, DSV4_BENCH_REPEAT_OPS=Op,Op,...: the named ops launch their work twice, so
+  // a captured step's time grows by what the second launch costs on the step's critical path
+  // (nothing else measures an op inside a graph). Bit i: BenchOp i (cuda_backend.cc).
+  uint32_t repeat_ops_ = 0;
+  template <class F>
+  absl::Status Launch(int bench_op, F&& launch) {
+    absl::Status st = launch();
+    if (st.ok() && (repeat_ops_ >> bench_op & 1u) != 0) st = launch();
+    return st;
+  }
   // Piecewise state.
   PiecewiseGraph* pw_ = nullptr;
   bool pw_capture_ = false;
