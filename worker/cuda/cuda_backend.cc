@@ -100,7 +100,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   std::unique_ptr<CudaBackend> b(new CudaBackend(options));
   CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
   ASSIGN_OR_RETURN(b->stream_, CudaStream::Create());
-  for (int i = 0; i < kSideLanes; ++i) {
+  ASSIGN_OR_RETURN(const bool two_sides, EnvBool("DSV4_TWO_SIDE_STREAMS", true));
+  b->side_lanes_ = two_sides ? kSideLanes : 1;
+  for (int i = 0; i < b->side_lanes_; ++i) {  // (lanes past side_lanes_ are never used)
     ASSIGN_OR_RETURN(b->side_[i], CudaStream::Create());
     ASSIGN_OR_RETURN(b->side_done_[i], CudaEvent::Create(cudaEventDisableTiming));
     ASSIGN_OR_RETURN(b->side_gemm_[i], cuda::Gemm::Create());
@@ -117,8 +119,6 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   }
   // DSV4_ROW_GEMV=0: single-token products take the general paths (the benchmark's baseline).
   ASSIGN_OR_RETURN(b->row_gemv_, EnvBool("DSV4_ROW_GEMV", true));
-  ASSIGN_OR_RETURN(const bool two_sides, EnvBool("DSV4_TWO_SIDE_STREAMS", true));
-  b->side_lanes_ = two_sides ? kSideLanes : 1;
   // DSV4_PDL=0: no programmatic dependent launch (read by the launchers; checked here so that a
   // bad value is an error, not a silent "on").
   RETURN_IF_ERROR(EnvBool("DSV4_PDL", true).status());
