@@ -124,6 +124,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   RETURN_IF_ERROR(EnvBool("DSV4_PDL", true).status());
   // DSV4_HC_CLUSTER=0: decode boundaries in two kernels (the A/B baseline of the cluster launch).
   ASSIGN_OR_RETURN(b->hc_cluster_, EnvBool("DSV4_HC_CLUSTER", true));
+  // DSV4_HC_DEFER_GATES=0: the boundary kernel computes post and comb itself (the Sinkhorn on
+  // the critical path, the A/B baseline of the deferral).
+  ASSIGN_OR_RETURN(b->defer_gates_, EnvBool("DSV4_HC_DEFER_GATES", true));
   ASSIGN_OR_RETURN(
       b->repeat_ops_,
       EnvSubset("DSV4_BENCH_REPEAT_OPS",
@@ -758,20 +761,24 @@ absl::Status CudaBackend::HcPreNorm(const Tensor& hs, const HcGateNorm& g, Tenso
       hc_cluster_ && cuda::HcClusterFits(d, rows, hs.ptr<float>(), g.fn.ptr<float>(),
                                          normed.ptr<float>(), F(g.norm_weight));
   ASSIGN_OR_RETURN(Tensor gates, OpScratch(DType::kF32, Shape{d.tokens, cuda::HcGateValues(d.n)}));
+  // Deferred: the kernel leaves the mix values in gates; else it writes post and comb itself.
+  float* const gates_ptr = defer_gates_ ? gates.ptr<float>() : nullptr;
+  float* const post_ptr = defer_gates_ ? nullptr : post.ptr<float>();
+  float* const comb_ptr = defer_gates_ ? nullptr : comb.ptr<float>();
   return Launch(kBenchHcPreNorm, [&]() -> absl::Status {
     if (cluster) {
       RETURN_IF_ERROR(cuda::HcClusterNorm(d, nullptr, hs.ptr<float>(), g.fn.ptr<float>(), rows,
                                           F(g.base), F(g.scale), F(g.norm_weight), g.norm.eps,
-                                          normed.ptr<float>(), nullptr, nullptr,
-                                          gates.ptr<float>(), cur_stream()));
+                                          normed.ptr<float>(), post_ptr, comb_ptr, gates_ptr,
+                                          cur_stream()));
     } else {
       ASSIGN_OR_RETURN(Tensor mix, HcMix(hs, g.fn));
       RETURN_IF_ERROR(cuda::HcPreNorm(d, hs.ptr<float>(), mix.ptr<float>(), mix.dim(0),
                                       F(g.base), F(g.scale), F(g.norm_weight), g.norm.eps,
-                                      normed.ptr<float>(), nullptr, nullptr, gates.ptr<float>(),
+                                      normed.ptr<float>(), post_ptr, comb_ptr, gates_ptr,
                                       cur_stream()));
     }
-    return DeferredGates(d, gates, g, post, comb);
+    return defer_gates_ ? DeferredGates(d, gates, g, post, comb) : absl::OkStatus();
   });
 }
 
@@ -796,6 +803,9 @@ absl::Status CudaBackend::HcPostPreNorm(const Tensor& hs, const Tensor& f, const
       hc_cluster_ && cuda::HcClusterFits(d, rows, hs_out.ptr<float>(), g.fn.ptr<float>(),
                                          normed.ptr<float>(), F(g.norm_weight));
   ASSIGN_OR_RETURN(Tensor gates, OpScratch(DType::kF32, Shape{d.tokens, cuda::HcGateValues(d.n)}));
+  float* const gates_ptr = defer_gates_ ? gates.ptr<float>() : nullptr;
+  float* const post_ptr = defer_gates_ ? nullptr : post_out.ptr<float>();
+  float* const comb_ptr = defer_gates_ ? nullptr : comb_out.ptr<float>();
   return Launch(kBenchHcPostPreNorm, [&]() -> absl::Status {
     if (cluster) {
       cuda::HcPostIn in;
@@ -805,8 +815,8 @@ absl::Status CudaBackend::HcPostPreNorm(const Tensor& hs, const Tensor& f, const
       in.comb = comb.ptr<float>();
       RETURN_IF_ERROR(cuda::HcClusterNorm(d, &in, hs_out.ptr<float>(), g.fn.ptr<float>(), rows,
                                           F(g.base), F(g.scale), F(g.norm_weight), g.norm.eps,
-                                          normed.ptr<float>(), nullptr, nullptr,
-                                          gates.ptr<float>(), cur_stream()));
+                                          normed.ptr<float>(), post_ptr, comb_ptr, gates_ptr,
+                                          cur_stream()));
     } else {
       ASSIGN_OR_RETURN(Tensor mix, OpScratch(DType::kF32, Shape{cuda::HcMixParts(d.tokens, nd),
                                                                 d.tokens, rows + 1}));
@@ -815,10 +825,10 @@ absl::Status CudaBackend::HcPostPreNorm(const Tensor& hs, const Tensor& f, const
                                       rows, mix.ptr<float>(), cur_stream()));
       RETURN_IF_ERROR(cuda::HcPreNorm(d, hs_out.ptr<float>(), mix.ptr<float>(), mix.dim(0),
                                       F(g.base), F(g.scale), F(g.norm_weight), g.norm.eps,
-                                      normed.ptr<float>(), nullptr, nullptr, gates.ptr<float>(),
+                                      normed.ptr<float>(), post_ptr, comb_ptr, gates_ptr,
                                       cur_stream()));
     }
-    return DeferredGates(d, gates, g, post_out, comb_out);
+    return defer_gates_ ? DeferredGates(d, gates, g, post_out, comb_out) : absl::OkStatus();
   });
 }
 

@@ -223,6 +223,7 @@ class CudaBackend final : public Backend {
   bool shortcut_in_capture_ = false;
   bool row_gemv_ = true;  // single-token GEMV / fused MoE kernels (kernels/cuda/gemv.h)
   bool hc_cluster_ = true;  // decode boundaries as one cluster launch (cuda::HcClusterNorm)
+  bool defer_gates_ = true;  // the boundaries' Sinkhorn on the gates stream (DeferredGates)
   // Benchmarks only, DSV4_BENCH_REPEAT_OPS=Op,Op,...: the named ops launch their work twice, so
   // a captured step's time grows by what the second launch costs on the step's critical path
   // (nothing else measures an op inside a graph). Bit i: BenchOp i (cuda_backend.cc).
