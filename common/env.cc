@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include <string>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -12,7 +13,7 @@ namespace dsv4 {
 namespace {
 
 // values[i] == v: i, else -1.
-int IndexOf(std::initializer_list<std::string_view> values, std::string_view v) {
+int IndexOf(std::span<const std::string_view> values, std::string_view v) {
   int i = 0;
   for (std::string_view accepted : values) {
     if (accepted == v) return i;
@@ -21,7 +22,7 @@ int IndexOf(std::initializer_list<std::string_view> values, std::string_view v) 
   return -1;
 }
 
-std::string Joined(std::initializer_list<std::string_view> values) {
+std::string Joined(std::span<const std::string_view> values) {
   std::string accepted;
   for (std::string_view a : values) {
     if (!accepted.empty()) accepted += ", ";
@@ -36,13 +37,13 @@ absl::StatusOr<int> EnvChoice(const char* name, std::initializer_list<std::strin
                               int unset) {
   const char* v = std::getenv(name);
   if (v == nullptr) return unset;
-  if (const int i = IndexOf(values, v); i >= 0) return i;
-  return absl::InvalidArgumentError(absl::StrCat("environment variable ", name, "='", v,
-                                                 "': expected one of ", Joined(values)));
+  const std::span<const std::string_view> all(values.begin(), values.size());
+  if (const int i = IndexOf(all, v); i >= 0) return i;
+  return absl::InvalidArgumentError(
+      absl::StrCat("environment variable ", name, "='", v, "': expected one of ", Joined(all)));
 }
 
-absl::StatusOr<uint32_t> EnvSubset(const char* name,
-                                   std::initializer_list<std::string_view> values) {
+absl::StatusOr<uint32_t> EnvSubset(const char* name, std::span<const std::string_view> values) {
   if (values.size() > 32) return absl::InternalError("EnvSubset: more than 32 values");
   const char* v = std::getenv(name);
   uint32_t bits = 0;

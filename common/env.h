@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 #include <string_view>
 
 #include "absl/status/statusor.h"
@@ -21,7 +22,6 @@ absl::StatusOr<bool> EnvBool(const char* name, bool unset);
 // A comma-separated subset of `values` (at most 32) as a bit set: bit i for values[i]; 0 when the
 // variable is not set or empty. An unknown or empty item is an error naming the variable, the
 // item and the accepted values.
-absl::StatusOr<uint32_t> EnvSubset(const char* name,
-                                   std::initializer_list<std::string_view> values);
+absl::StatusOr<uint32_t> EnvSubset(const char* name, std::span<const std::string_view> values);
 
 }  // namespace dsv4

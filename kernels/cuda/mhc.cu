@@ -108,6 +108,26 @@ __device__ __forceinline__ float WarpMultiSum(float (&v)[kV], int lane) {
   return v[0];
 }
 
+// A warp's share of the mix at its 4 columns x: the kRows fn rows w and Σ x², summed over the warp
+// (WarpMultiSum). The lanes that hold a value (lane % kGroup == 0, *idx < kRows + 1) return true
+// with *idx its index and *sum the warp's total.
+template <int kRows>
+__device__ __forceinline__ bool WarpMix(const float4 (&w)[kRows], float4 x, int lane, int* idx,
+                                        float* sum) {
+  constexpr int kVals = kRows + 1;
+  constexpr int kV = Pow2Ceil(kVals);
+  constexpr int kGroup = 32 / kV;
+  float v[kV];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) v[r] = Dot4(w[r], x);
+  v[kRows] = Dot4(x, x);
+#pragma unroll
+  for (int r = kVals; r < kV; ++r) v[r] = 0.0f;
+  *sum = WarpMultiSum<kV>(v, lane);
+  *idx = lane / kGroup;
+  return lane % kGroup == 0 && *idx < kVals;
+}
+
 // Block (c, g): chunk c of nd for tokens [g·tpb, (g+1)·tpb). Each lane keeps its 4 columns of all
 // kRows fn rows in registers (fn is read once per token group, from HBM once overall), streams
 // the tokens' hs (next token prefetched), reduces the warp with WarpMultiSum and the 4 warps
@@ -123,7 +143,6 @@ __global__ void __launch_bounds__(kMixThreads)
   PdlTrigger();
   constexpr int kVals = kRows + 1;
   constexpr int kV = Pow2Ceil(kVals);
-  constexpr int kGroup = 32 / kV;
   __shared__ float red[2][kMixWarps][kV];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t c = blockIdx.x;
@@ -161,15 +180,9 @@ __global__ void __launch_bounds__(kMixThreads)
   for (int64_t t = t0; t < t1; ++t) {
     const float4 x = h;
     if (t + 1 < t1) h = fetch(t + 1);
-    float v[kV];
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) v[r] = Dot4(w[r], x);
-    v[kRows] = Dot4(x, x);
-#pragma unroll
-    for (int r = kVals; r < kV; ++r) v[r] = 0.0f;
-    const float s = WarpMultiSum<kV>(v, lane);
-    const int idx = lane / kGroup;
-    if (lane % kGroup == 0 && idx < kVals) red[buf][warp][idx] = s;
+    int idx;
+    float s;
+    if (WarpMix<kRows>(w, x, lane, &idx, &s)) red[buf][warp][idx] = s;
     // Double buffering: buffer `buf` was last read two tokens ago, before the previous barrier.
     __syncthreads();
     if (threadIdx.x < kVals) {
@@ -349,8 +362,9 @@ __device__ __forceinline__ float4 Collapse4(const float (&pre)[kN], const float*
 // The start shared by the final kernels, for token t = blockIdx.x: the block's warps sum the mix
 // values it needs (PartSum; the pre rows and Σ hs² (value kRows), or every value for the
 // Sinkhorn block) into vals and apply the RMS scale. The Sinkhorn block (`sink`, HcPre only)
-// then writes post and comb on warp 0 and this returns false (the block is done); any other
-// block gets the pre gates. Every thread of the block must call it (one barrier).
+// then writes post and comb on warp 0, or with `gates` leaves vals there for HcGatesKernel, and
+// this returns false (the block is done); any other block gets the pre gates. Every thread of
+// the block must call it (one barrier).
 template <int kN, bool kPre>
 __device__ __forceinline__ bool FinalGates(const HcDims& d, const float* mix_parts,
                                            int64_t nparts, const float* base, const float* scale,
@@ -513,7 +527,6 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
   static_assert(kPostN == 0 || kPostN == kN, "HcPost of the same streams");
   constexpr int kVals = kRows + 1;
   constexpr int kV = Pow2Ceil(kVals);
-  constexpr int kGroup = 32 / kV;
   PdlTrigger();
   const cg::cluster_group cluster = cg::this_cluster();
   const int csize = static_cast<int>(cluster.num_blocks());
@@ -549,15 +562,9 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
   }
   xs[j][c4] = x;
   {
-    float v[kV];
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) v[r] = Dot4(w[r], x);
-    v[kRows] = Dot4(x, x);
-#pragma unroll
-    for (int r = kVals; r < kV; ++r) v[r] = 0.0f;
-    const float s = WarpMultiSum<kV>(v, lane);
-    const int idx = lane / kGroup;
-    if (lane % kGroup == 0 && idx < kVals) red[j][q][idx] = s;
+    int idx;
+    float s;
+    if (WarpMix<kRows>(w, x, lane, &idx, &s)) red[j][q][idx] = s;
   }
   __syncthreads();
   if (threadIdx.x < kN * kVals) {
@@ -782,6 +789,9 @@ absl::Status LaunchFinalNorm(const HcDims& d, const float* hs, const float* mix_
         "HcPreNorm/HcHeadNorm: needs hc_mult in [1, 8], D % 4 == 0, D <= 4096 and 16-byte "
         "aligned hs, output and norm weight");
   }
+  if (kPre && gates == nullptr && (post == nullptr || comb == nullptr)) {
+    return absl::InvalidArgumentError("HcPreNorm: needs gates, or post and comb");
+  }
   if (d.tokens == 0) return absl::OkStatus();
   const int threads = static_cast<int>(((d.dim / 4) + 31) / 32 * 32);
   cudaError_t err = cudaErrorInvalidValue;  // n outside [1, 8] (HcNormFits)
@@ -929,6 +939,10 @@ absl::Status HcClusterNorm(const HcDims& d, const HcPostIn* in, float* hs, const
       (in != nullptr && rows != (2 + kClusterN) * kClusterN)) {
     return absl::InvalidArgumentError("HcClusterNorm: shape or operands outside HcClusterFits");
   }
+  if (rows == (2 + kClusterN) * kClusterN && gates == nullptr &&
+      (post == nullptr || comb == nullptr)) {
+    return absl::InvalidArgumentError("HcClusterNorm: needs gates, or post and comb");
+  }
   const unsigned csize = static_cast<unsigned>(d.dim / kMixChunk);
   const dim3 grid(csize, static_cast<unsigned>(d.tokens));
   const dim3 block(kClusterThreads);
@@ -953,6 +967,29 @@ absl::Status HcClusterNorm(const HcDims& d, const HcPostIn* in, float* hs, const
   CUDA_RETURN_IF_ERROR(err);
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
+}
+
+bool HcClusterSchedulable() {
+  // The largest instantiation (24 rows with HcPost: 512 threads of 128 registers, a whole SM)
+  // in the largest cluster used (8 blocks).
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(kClusterMaxBlocks, 1);
+  cfg.blockDim = dim3(kClusterThreads);
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = kClusterMaxBlocks;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  const cudaError_t err =
+      cudaOccupancyMaxActiveClusters(&clusters, HcClusterKernel<24, 4>, &cfg);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return clusters >= 1;
 }
 
 }  // namespace dsv4::cuda

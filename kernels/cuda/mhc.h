@@ -71,6 +71,9 @@ struct HcPostIn {
 };
 bool HcClusterFits(const HcDims& d, int64_t rows, const float* hs, const float* fn,
                    const float* normed, const float* norm_w);
+// Whether the current device can run a cluster of the largest size HcClusterNorm uses (false on
+// devices or partitions that cannot co-schedule 8 such blocks: the caller keeps two kernels).
+bool HcClusterSchedulable();
 absl::Status HcClusterNorm(const HcDims& d, const HcPostIn* in, float* hs, const float* fn,
                            int64_t rows, const float* base, const float* scale, const float* norm_w,
                            float rms_eps, float* normed, float* post, float* comb, float* gates,

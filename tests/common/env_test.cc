@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "gtest/gtest.h"
 
@@ -42,17 +43,18 @@ TEST(Env, AnythingElseIsAnErrorNamingTheVariableAndTheChoices) {
 }
 
 TEST(Env, SubsetsAreBitSetsAndUnknownItemsAreErrors) {
+  constexpr std::string_view kValues[] = {"a", "bb", "c"};
   unsetenv(kVar);
-  EXPECT_EQ(*EnvSubset(kVar, {"a", "bb", "c"}), 0u);
+  EXPECT_EQ(*EnvSubset(kVar, kValues), 0u);
   setenv(kVar, "", 1);
-  EXPECT_EQ(*EnvSubset(kVar, {"a", "bb", "c"}), 0u);
+  EXPECT_EQ(*EnvSubset(kVar, kValues), 0u);
   setenv(kVar, "c", 1);
-  EXPECT_EQ(*EnvSubset(kVar, {"a", "bb", "c"}), 4u);
+  EXPECT_EQ(*EnvSubset(kVar, kValues), 4u);
   setenv(kVar, "bb,a,bb", 1);
-  EXPECT_EQ(*EnvSubset(kVar, {"a", "bb", "c"}), 3u);
+  EXPECT_EQ(*EnvSubset(kVar, kValues), 3u);
   for (const char* bad : {"b", "a,", ",a", "a, bb", "A", "a,,c"}) {
     setenv(kVar, bad, 1);
-    const absl::StatusOr<uint32_t> s = EnvSubset(kVar, {"a", "bb", "c"});
+    const absl::StatusOr<uint32_t> s = EnvSubset(kVar, kValues);
     ASSERT_FALSE(s.ok()) << bad;
     EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(s.status().message().find(kVar), std::string::npos);

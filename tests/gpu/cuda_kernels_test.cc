@@ -3,6 +3,7 @@
 // with top-512 (and 1024) over up to 256k candidates, ratios 4 and 128, window 128, 256 experts
 // top-6 (2048 wide), hc_mult 4, vocab 129280. fp32 backend unless a test says bf16.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <set>
@@ -329,9 +330,16 @@ TEST(CudaOps, HyperConnectionsPrePostHead) {
 // reference. D = 4100 exceeds the fused kernels (D <= 4096) and checks the fallback. Up to 16
 // tokens with D a multiple of 512 (clusters of 8, 2 and 1 blocks here) the boundary is one
 // cluster launch (cuda::HcClusterNorm); 17 and 129 tokens, and D = 128, take the two kernels.
+// Each backend configuration: the default (the Sinkhorn deferred to the gates stream), the
+// Sinkhorn in the boundary kernel (DSV4_HC_DEFER_GATES=0) and the two-kernel path at every
+// token count (DSV4_HC_CLUSTER=0); the switches are read when a backend is created.
 TEST(CudaOps, HyperConnectionBoundariesEqualTheOpsOneByOne) {
   DSV4_REQUIRE_GPU();
+  for (const char* config : {"", "DSV4_HC_DEFER_GATES", "DSV4_HC_CLUSTER"}) {
+  SCOPED_TRACE(::testing::Message() << "config " << config);
+  if (*config != '\0') setenv(config, "0", 1);
   BackendPair p;
+  if (*config != '\0') unsetenv(config);
   const std::vector<std::vector<SeqSpec>> layouts = {{{0, 9}, {50, 1}, {0, 120}},
                                                      {{10, 1}},
                                                      {{3, 1}, {5, 1}, {0, 4}},
@@ -394,7 +402,14 @@ TEST(CudaOps, HyperConnectionBoundariesEqualTheOpsOneByOne) {
     ASSERT_TRUE(p.cpu.HcPreNorm(hs.c, gc, normed.c, post.c, comb.c).ok());
     ASSERT_TRUE(p.gpu->HcPreNorm(hs.g, gg, normed.g, post.g, comb.g).ok());
     EXPECT_TRUE(p.Same(normed, 1e-4, 1e-4));
+    EXPECT_TRUE(p.Same(post, 1e-5, 1e-4));
     EXPECT_TRUE(p.Same(comb, 1e-5, 1e-4));
+    ASSERT_TRUE(p.gpu->HcPre(hs.g, fn.g, base.g, scale.g, HcParams{}, collapsed.g, post_sep.g,
+                             comb_sep.g).ok());
+    ASSERT_TRUE(p.gpu->RmsNorm(collapsed.g, nw.g, RmsNormParams{}, collapsed.g).ok());
+    EXPECT_TRUE(same_bits(normed, collapsed));
+    EXPECT_TRUE(same_bits(post, post_sep));
+    EXPECT_TRUE(same_bits(comb, comb_sep));
     Both hfn = p.Weight(Shape{n, n * D}, RandomVec(n * n * D, 39, -a, a));
     Both hbase = p.Weight(Shape{n}, RandomVec(n, 40, -0.5f, 0.5f));
     Both hscale = p.Weight(Shape{1}, {0.8f});
@@ -406,6 +421,7 @@ TEST(CudaOps, HyperConnectionBoundariesEqualTheOpsOneByOne) {
     ASSERT_TRUE(p.gpu->HcHead(hs.g, hfn.g, hbase.g, hscale.g, HcParams{}, y_sep.g).ok());
     ASSERT_TRUE(p.gpu->RmsNorm(y_sep.g, nw.g, RmsNormParams{}, y_sep.g).ok());
     EXPECT_TRUE(same_bits(y, y_sep));
+  }
   }
 }
 

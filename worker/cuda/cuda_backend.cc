@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
@@ -23,7 +24,7 @@ namespace dsv4 {
 namespace {
 
 // The ops DSV4_BENCH_REPEAT_OPS may name (Linear by weight size: Small < 16 MiB, Head >= 256 MiB,
-// Large between), in the bit order of CudaBackend::repeat_ops_ (the names in Create).
+// Large between), in the bit order of CudaBackend::repeat_ops_.
 enum BenchOp {
   kBenchLinearSmall,
   kBenchLinearLarge,
@@ -46,6 +47,13 @@ enum BenchOp {
   kBenchSharedExpertUp,
   kBenchOpCount
 };
+// DSV4_BENCH_REPEAT_OPS's names, in BenchOp order.
+constexpr std::string_view kBenchOpNames[] = {
+    "LinearSmall", "LinearLarge",     "LinearHead", "GroupedLinear", "RmsNorm",
+    "Rope",        "RmsNormRope",     "HcPreNorm",  "HcPostPreNorm", "HcHeadNorm",
+    "HcPost",      "GatherLogitRows", "Compress",   "IndexerTopK",   "Attention",
+    "RingWrite",   "Route",           "MoeExperts", "SharedExpertUp"};
+static_assert(std::size(kBenchOpNames) == kBenchOpCount, "one name per BenchOp");
 
 int LinearBenchOp(const Tensor& w) {
   const size_t bytes = w.nbytes();
@@ -124,17 +132,11 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   RETURN_IF_ERROR(EnvBool("DSV4_PDL", true).status());
   // DSV4_HC_CLUSTER=0: decode boundaries in two kernels (the A/B baseline of the cluster launch).
   ASSIGN_OR_RETURN(b->hc_cluster_, EnvBool("DSV4_HC_CLUSTER", true));
+  b->hc_cluster_ = b->hc_cluster_ && cuda::HcClusterSchedulable();
   // DSV4_HC_DEFER_GATES=0: the boundary kernel computes post and comb itself (the Sinkhorn on
   // the critical path, the A/B baseline of the deferral).
   ASSIGN_OR_RETURN(b->defer_gates_, EnvBool("DSV4_HC_DEFER_GATES", true));
-  ASSIGN_OR_RETURN(
-      b->repeat_ops_,
-      EnvSubset("DSV4_BENCH_REPEAT_OPS",
-                {"LinearSmall", "LinearLarge", "LinearHead", "GroupedLinear", "RmsNorm", "Rope",
-                 "RmsNormRope", "HcPreNorm", "HcPostPreNorm", "HcHeadNorm", "HcPost",
-                 "GatherLogitRows", "Compress", "IndexerTopK", "Attention", "RingWrite", "Route",
-                 "MoeExperts", "SharedExpertUp"}));
-  static_assert(kBenchOpCount == 19, "one name per BenchOp, in order");
+  ASSIGN_OR_RETURN(b->repeat_ops_, EnvSubset("DSV4_BENCH_REPEAT_OPS", kBenchOpNames));
   return b;
 }
 
@@ -247,8 +249,10 @@ absl::Status CudaBackend::BeginStep(const StepMeta& meta) {
   if (pw_ != nullptr || eager_depth_ != 0 || on_side_ || side_pending_ != 0 || gates_pending_) {
     // A failed step left a capture, piecewise run or side region open: close it (joining the
     // side stream) so that one error does not fail every later step.
-    std::fputs("cuda backend: closing a graph capture or side region left open by a failed step\n",
-               stderr);
+    std::fputs(
+        "cuda backend: closing a graph capture, side region or gates fork left open by a "
+        "failed step\n",
+        stderr);
     AbortGraphs();
   }
   step_scores_ = Tensor{};
@@ -398,6 +402,11 @@ absl::Status CudaBackend::Mark(StepMark mark) {
     case StepMark::kSideJoin:
       if (on_side_) return absl::InternalError("side join inside an open side region");
       return JoinSides();
+    case StepMark::kLayersEnd:
+      // The last boundary's post and comb are joined by the model's HcPost; a FULL capture
+      // ends after the head, so no fork may outlive the layers in any case.
+      RETURN_IF_ERROR(JoinGates());
+      break;
     default:
       break;
   }
@@ -430,8 +439,24 @@ absl::Status CudaBackend::Mark(StepMark mark) {
 absl::Status CudaBackend::JoinGates() {
   if (!gates_pending_) return absl::OkStatus();
   CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_.get(), gates_done_.get(), 0));
+  // (An op in an open side region runs on its side stream, forked before this join.)
+  if (on_side_) CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(cur_stream(), gates_done_.get(), 0));
   gates_pending_ = false;
   return absl::OkStatus();
+}
+
+absl::StatusOr<CudaBackend::GateOutputs> CudaBackend::BoundaryGates(const cuda::HcDims& d,
+                                                                    const Tensor& post,
+                                                                    const Tensor& comb) {
+  GateOutputs o;
+  if (defer_gates_) {
+    ASSIGN_OR_RETURN(o.gates, OpScratch(DType::kF32, Shape{d.tokens, cuda::HcGateValues(d.n)}));
+    o.gates_ptr = o.gates.ptr<float>();
+  } else {
+    o.post = post.ptr<float>();
+    o.comb = comb.ptr<float>();
+  }
+  return o;
 }
 
 absl::Status CudaBackend::DeferredGates(const cuda::HcDims& d, const Tensor& gates,
@@ -540,6 +565,7 @@ absl::Status CudaBackend::CopyToHost(const Tensor& src, void* dst) {
 }
 
 absl::Status CudaBackend::CopyFromHost(const void* src, Tensor dst) {
+  RETURN_IF_ERROR(JoinGates());
   return Upload(src, dst.data, dst.nbytes());
 }
 
@@ -760,11 +786,9 @@ absl::Status CudaBackend::HcPreNorm(const Tensor& hs, const HcGateNorm& g, Tenso
   const bool cluster =
       hc_cluster_ && cuda::HcClusterFits(d, rows, hs.ptr<float>(), g.fn.ptr<float>(),
                                          normed.ptr<float>(), F(g.norm_weight));
-  ASSIGN_OR_RETURN(Tensor gates, OpScratch(DType::kF32, Shape{d.tokens, cuda::HcGateValues(d.n)}));
-  // Deferred: the kernel leaves the mix values in gates; else it writes post and comb itself.
-  float* const gates_ptr = defer_gates_ ? gates.ptr<float>() : nullptr;
-  float* const post_ptr = defer_gates_ ? nullptr : post.ptr<float>();
-  float* const comb_ptr = defer_gates_ ? nullptr : comb.ptr<float>();
+  ASSIGN_OR_RETURN(const GateOutputs go, BoundaryGates(d, post, comb));
+  Tensor gates = go.gates;
+  float *const gates_ptr = go.gates_ptr, *const post_ptr = go.post, *const comb_ptr = go.comb;
   return Launch(kBenchHcPreNorm, [&]() -> absl::Status {
     if (cluster) {
       RETURN_IF_ERROR(cuda::HcClusterNorm(d, nullptr, hs.ptr<float>(), g.fn.ptr<float>(), rows,
@@ -802,10 +826,9 @@ absl::Status CudaBackend::HcPostPreNorm(const Tensor& hs, const Tensor& f, const
   const bool cluster =
       hc_cluster_ && cuda::HcClusterFits(d, rows, hs_out.ptr<float>(), g.fn.ptr<float>(),
                                          normed.ptr<float>(), F(g.norm_weight));
-  ASSIGN_OR_RETURN(Tensor gates, OpScratch(DType::kF32, Shape{d.tokens, cuda::HcGateValues(d.n)}));
-  float* const gates_ptr = defer_gates_ ? gates.ptr<float>() : nullptr;
-  float* const post_ptr = defer_gates_ ? nullptr : post_out.ptr<float>();
-  float* const comb_ptr = defer_gates_ ? nullptr : comb_out.ptr<float>();
+  ASSIGN_OR_RETURN(const GateOutputs go, BoundaryGates(d, post_out, comb_out));
+  Tensor gates = go.gates;
+  float *const gates_ptr = go.gates_ptr, *const post_ptr = go.post, *const comb_ptr = go.comb;
   return Launch(kBenchHcPostPreNorm, [&]() -> absl::Status {
     if (cluster) {
       cuda::HcPostIn in;

@@ -208,6 +208,16 @@ class CudaBackend final : public Backend {
   absl::Status JoinGates();
   absl::Status DeferredGates(const cuda::HcDims& d, const Tensor& gates, const HcGateNorm& g,
                              Tensor post, Tensor comb);
+  // A boundary kernel's gate outputs: deferred, the mix values into gates (op scratch) and post /
+  // comb left to DeferredGates; else post and comb directly (DSV4_HC_DEFER_GATES=0).
+  struct GateOutputs {
+    Tensor gates;
+    float* gates_ptr = nullptr;
+    float* post = nullptr;
+    float* comb = nullptr;
+  };
+  absl::StatusOr<GateOutputs> BoundaryGates(const cuda::HcDims& d, const Tensor& post,
+                                            const Tensor& comb);
   std::vector<DeviceBuffer> persistent_;
   size_t persistent_bytes_ = 0;
   Arena model_arena_, op_arena_;
@@ -224,9 +234,16 @@ class CudaBackend final : public Backend {
   bool row_gemv_ = true;  // single-token GEMV / fused MoE kernels (kernels/cuda/gemv.h)
   bool hc_cluster_ = true;  // decode boundaries as one cluster launch (cuda::HcClusterNorm)
   bool defer_gates_ = true;  // the boundaries' Sinkhorn on the gates stream (DeferredGates)
-  // Benchmarks only, DSV4_BENCH_REPEAT_OPS=Op,Op,...: the named ops launch their work twice, so
-  // a captured step's time grows by what the second launch costs on the step's critical path
-  // (nothing else measures an op inside a graph). Bit i: BenchOp i (cuda_backend.cc).
+  // Benchmarks only, DSV4_BENCH_REPEAT_OPS=Op,Op,...: the named ops launch their kernels twice
+  // (the work inside Launch's lambda; e.g. not the bf16 cast of a cuBLASLt operand), so a
+  // captured step's time grows by what the second launch costs on the step's critical path
+  // (nothing else measures an op inside a graph). The second launch of an op that updates
+  // something in place (RmsNorm, Rope, RmsNormRope, HcPostPreNorm's post and comb, Compress's
+  // state) works on the first one's output, and a repeated HcPostPreNorm races with the first
+  // launch's deferred gates: the values after it are not the model's, and the compressor state
+  // and the KV ring stay wrong for later steps. For timing runs on synthetic weights only; no
+  // index or address is computed from such values, so nothing reads out of bounds.
+  // Bit i: BenchOp i (cuda_backend.cc).
   uint32_t repeat_ops_ = 0;
   template <class F>
   absl::Status Launch(int bench_op, F&& launch) {
