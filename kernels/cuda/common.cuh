@@ -162,6 +162,16 @@ inline bool PdlEnabled() {
   return on;
 }
 
+// The launch attribute for thread-block clusters of `x` blocks along x.
+inline cudaLaunchAttribute ClusterAttribute(unsigned x) {
+  cudaLaunchAttribute a;
+  a.id = cudaLaunchAttributeClusterDimension;
+  a.val.clusterDim.x = x;
+  a.val.clusterDim.y = 1;
+  a.val.clusterDim.z = 1;
+  return a;
+}
+
 // LaunchPdl with thread-block clusters of `cluster_x` blocks along x (0: no cluster attribute).
 template <typename... Params, typename... Args>
 cudaError_t LaunchPdlCluster(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
@@ -173,13 +183,7 @@ cudaError_t LaunchPdlCluster(void (*kernel)(Params...), dim3 grid, dim3 block, s
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
   unsigned n = 0;
-  if (cluster_x > 0) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = cluster_x;
-    attr[n].val.clusterDim.y = 1;
-    attr[n].val.clusterDim.z = 1;
-    ++n;
-  }
+  if (cluster_x > 0) attr[n++] = ClusterAttribute(cluster_x);
   if (PdlEnabled()) {
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[n].val.programmaticStreamSerializationAllowed = 1;

@@ -975,11 +975,7 @@ bool HcClusterSchedulable() {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(kClusterMaxBlocks, 1);
   cfg.blockDim = dim3(kClusterThreads);
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = kClusterMaxBlocks;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
+  cudaLaunchAttribute attr = ClusterAttribute(kClusterMaxBlocks);
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
   int clusters = 0;

@@ -445,20 +445,6 @@ absl::Status CudaBackend::JoinGates() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<CudaBackend::GateOutputs> CudaBackend::BoundaryGates(const cuda::HcDims& d,
-                                                                    const Tensor& post,
-                                                                    const Tensor& comb) {
-  GateOutputs o;
-  if (defer_gates_) {
-    ASSIGN_OR_RETURN(o.gates, OpScratch(DType::kF32, Shape{d.tokens, cuda::HcGateValues(d.n)}));
-    o.gates_ptr = o.gates.ptr<float>();
-  } else {
-    o.post = post.ptr<float>();
-    o.comb = comb.ptr<float>();
-  }
-  return o;
-}
-
 absl::Status CudaBackend::DeferredGates(const cuda::HcDims& d, const Tensor& gates,
                                         const HcGateNorm& g, Tensor post, Tensor comb) {
   if (profile_ || on_side_) {
@@ -766,6 +752,43 @@ absl::Status CudaBackend::HcHead(const Tensor& hs, const Tensor& fn, const Tenso
                       F(base), F(scale), y.ptr<float>(), cur_stream());
 }
 
+// The kernels of a boundary (HcPreNorm; HcPostPreNorm with `in`, hs then being the streams it
+// writes): one cluster launch where HcClusterFits, else the mix (HcPostMix with `in`) and
+// HcPreNorm; then post and comb, on the gates stream (DeferredGates) unless DSV4_HC_DEFER_GATES=0
+// has the boundary kernel write them.
+absl::Status CudaBackend::BoundaryKernels(const cuda::HcDims& d, const cuda::HcPostIn* in,
+                                          const Tensor& hs, const HcGateNorm& g, Tensor normed,
+                                          Tensor post, Tensor comb) {
+  const int64_t nd = hs.dim(1) * hs.dim(2), rows = g.fn.numel() / nd;
+  Tensor gates;
+  if (defer_gates_) {
+    ASSIGN_OR_RETURN(gates, OpScratch(DType::kF32, Shape{d.tokens, cuda::HcGateValues(d.n)}));
+  }
+  float* const gates_out = defer_gates_ ? gates.ptr<float>() : nullptr;
+  float* const post_out = defer_gates_ ? nullptr : post.ptr<float>();
+  float* const comb_out = defer_gates_ ? nullptr : comb.ptr<float>();
+  if (hc_cluster_ && cuda::HcClusterFits(d, rows, hs.ptr<float>(), g.fn.ptr<float>(),
+                                         normed.ptr<float>(), F(g.norm_weight))) {
+    RETURN_IF_ERROR(cuda::HcClusterNorm(
+        d, in, hs.ptr<float>(), g.fn.ptr<float>(), rows, F(g.base), F(g.scale), F(g.norm_weight),
+        g.norm.eps, normed.ptr<float>(), post_out, comb_out, gates_out, cur_stream()));
+  } else {
+    Tensor mix;
+    if (in == nullptr) {
+      ASSIGN_OR_RETURN(mix, HcMix(hs, g.fn));
+    } else {
+      ASSIGN_OR_RETURN(
+          mix, OpScratch(DType::kF32, Shape{cuda::HcMixParts(d.tokens, nd), d.tokens, rows + 1}));
+      RETURN_IF_ERROR(cuda::HcPostMix(d, in->hs, in->f, in->post, in->comb, hs.ptr<float>(),
+                                      g.fn.ptr<float>(), rows, mix.ptr<float>(), cur_stream()));
+    }
+    RETURN_IF_ERROR(cuda::HcPreNorm(d, hs.ptr<float>(), mix.ptr<float>(), mix.dim(0), F(g.base),
+                                    F(g.scale), F(g.norm_weight), g.norm.eps, normed.ptr<float>(),
+                                    post_out, comb_out, gates_out, cur_stream()));
+  }
+  return defer_gates_ ? DeferredGates(d, gates, g, post, comb) : absl::OkStatus();
+}
+
 // The sub-block boundaries in two kernels instead of four (HcPost, mix, HcPre, RmsNorm): the
 // mix kernel computes HcPost's streams as it reads them (cuda::HcPostMix), and the gate kernel
 // normalises its collapsed row (cuda::HcPreNorm). Up to 16 tokens (decode) both are one launch,
@@ -782,28 +805,8 @@ absl::Status CudaBackend::HcPreNorm(const Tensor& hs, const HcGateNorm& g, Tenso
   if (skip()) return absl::OkStatus();
   RETURN_IF_ERROR(JoinGates());
   ProfileScope prof(profile_.get(), cur_stream(), "HcPreNorm", hs);
-  const int64_t rows = g.fn.numel() / (hs.dim(1) * hs.dim(2));
-  const bool cluster =
-      hc_cluster_ && cuda::HcClusterFits(d, rows, hs.ptr<float>(), g.fn.ptr<float>(),
-                                         normed.ptr<float>(), F(g.norm_weight));
-  ASSIGN_OR_RETURN(const GateOutputs go, BoundaryGates(d, post, comb));
-  Tensor gates = go.gates;
-  float *const gates_ptr = go.gates_ptr, *const post_ptr = go.post, *const comb_ptr = go.comb;
-  return Launch(kBenchHcPreNorm, [&]() -> absl::Status {
-    if (cluster) {
-      RETURN_IF_ERROR(cuda::HcClusterNorm(d, nullptr, hs.ptr<float>(), g.fn.ptr<float>(), rows,
-                                          F(g.base), F(g.scale), F(g.norm_weight), g.norm.eps,
-                                          normed.ptr<float>(), post_ptr, comb_ptr, gates_ptr,
-                                          cur_stream()));
-    } else {
-      ASSIGN_OR_RETURN(Tensor mix, HcMix(hs, g.fn));
-      RETURN_IF_ERROR(cuda::HcPreNorm(d, hs.ptr<float>(), mix.ptr<float>(), mix.dim(0),
-                                      F(g.base), F(g.scale), F(g.norm_weight), g.norm.eps,
-                                      normed.ptr<float>(), post_ptr, comb_ptr, gates_ptr,
-                                      cur_stream()));
-    }
-    return defer_gates_ ? DeferredGates(d, gates, g, post, comb) : absl::OkStatus();
-  });
+  return Launch(kBenchHcPreNorm,
+                [&] { return BoundaryKernels(d, nullptr, hs, g, normed, post, comb); });
 }
 
 absl::Status CudaBackend::HcPostPreNorm(const Tensor& hs, const Tensor& f, const Tensor& post,
@@ -823,36 +826,13 @@ absl::Status CudaBackend::HcPostPreNorm(const Tensor& hs, const Tensor& f, const
   if (skip()) return absl::OkStatus();
   RETURN_IF_ERROR(JoinGates());  // post and comb of the previous boundary
   ProfileScope prof(profile_.get(), cur_stream(), "HcPostPreNorm", hs);
-  const bool cluster =
-      hc_cluster_ && cuda::HcClusterFits(d, rows, hs_out.ptr<float>(), g.fn.ptr<float>(),
-                                         normed.ptr<float>(), F(g.norm_weight));
-  ASSIGN_OR_RETURN(const GateOutputs go, BoundaryGates(d, post_out, comb_out));
-  Tensor gates = go.gates;
-  float *const gates_ptr = go.gates_ptr, *const post_ptr = go.post, *const comb_ptr = go.comb;
-  return Launch(kBenchHcPostPreNorm, [&]() -> absl::Status {
-    if (cluster) {
-      cuda::HcPostIn in;
-      in.hs = hs.ptr<float>();
-      in.f = f.ptr<float>();
-      in.post = post.ptr<float>();
-      in.comb = comb.ptr<float>();
-      RETURN_IF_ERROR(cuda::HcClusterNorm(d, &in, hs_out.ptr<float>(), g.fn.ptr<float>(), rows,
-                                          F(g.base), F(g.scale), F(g.norm_weight), g.norm.eps,
-                                          normed.ptr<float>(), post_ptr, comb_ptr, gates_ptr,
-                                          cur_stream()));
-    } else {
-      ASSIGN_OR_RETURN(Tensor mix, OpScratch(DType::kF32, Shape{cuda::HcMixParts(d.tokens, nd),
-                                                                d.tokens, rows + 1}));
-      RETURN_IF_ERROR(cuda::HcPostMix(d, hs.ptr<float>(), f.ptr<float>(), post.ptr<float>(),
-                                      comb.ptr<float>(), hs_out.ptr<float>(), g.fn.ptr<float>(),
-                                      rows, mix.ptr<float>(), cur_stream()));
-      RETURN_IF_ERROR(cuda::HcPreNorm(d, hs_out.ptr<float>(), mix.ptr<float>(), mix.dim(0),
-                                      F(g.base), F(g.scale), F(g.norm_weight), g.norm.eps,
-                                      normed.ptr<float>(), post_ptr, comb_ptr, gates_ptr,
-                                      cur_stream()));
-    }
-    return defer_gates_ ? DeferredGates(d, gates, g, post_out, comb_out) : absl::OkStatus();
-  });
+  cuda::HcPostIn in;
+  in.hs = hs.ptr<float>();
+  in.f = f.ptr<float>();
+  in.post = post.ptr<float>();
+  in.comb = comb.ptr<float>();
+  return Launch(kBenchHcPostPreNorm,
+                [&] { return BoundaryKernels(d, &in, hs_out, g, normed, post_out, comb_out); });
 }
 
 absl::Status CudaBackend::HcHeadNorm(const Tensor& hs, const HcGateNorm& g, Tensor y) {

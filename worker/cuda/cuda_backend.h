@@ -208,16 +208,8 @@ class CudaBackend final : public Backend {
   absl::Status JoinGates();
   absl::Status DeferredGates(const cuda::HcDims& d, const Tensor& gates, const HcGateNorm& g,
                              Tensor post, Tensor comb);
-  // A boundary kernel's gate outputs: deferred, the mix values into gates (op scratch) and post /
-  // comb left to DeferredGates; else post and comb directly (DSV4_HC_DEFER_GATES=0).
-  struct GateOutputs {
-    Tensor gates;
-    float* gates_ptr = nullptr;
-    float* post = nullptr;
-    float* comb = nullptr;
-  };
-  absl::StatusOr<GateOutputs> BoundaryGates(const cuda::HcDims& d, const Tensor& post,
-                                            const Tensor& comb);
+  absl::Status BoundaryKernels(const cuda::HcDims& d, const cuda::HcPostIn* in, const Tensor& hs,
+                               const HcGateNorm& g, Tensor normed, Tensor post, Tensor comb);
   std::vector<DeviceBuffer> persistent_;
   size_t persistent_bytes_ = 0;
   Arena model_arena_, op_arena_;
