@@ -782,7 +782,8 @@ TEST(CudaOps, AttentionSlidingCsaHcaWithSink) {
 // of |o| ~ 0.3 adds the margin. Raw fp32 inputs (batch 8) add the q/key rounding: values
 // sum_j w_j d_j with |d_j| <= u |v_j| (std ~1.3e-3 / sqrt(N) again) and logit errors
 // scale * sum_i (dq_i k_i + q_i dk_i) of std ~1e-3 (~6e-4 / sqrt(N) in o): atol 1e-2, rtol 2e-2.
-// The bf16 path must actually run (errors above fp32 rounding) and be bit-identical run to run.
+// The bf16 path must actually run (errors above fp32 rounding) and be bit-identical run to run,
+// with and without the output's inverse RoPE.
 TEST(CudaOps, AttentionTensorCoreBf16) {
   DSV4_REQUIRE_GPU();
   BackendPair p(Precision::kBF16);
@@ -833,22 +834,37 @@ TEST(CudaOps, AttentionTensorCoreBf16) {
         ap.ratio = c.ratio;
         ap.dense_compressed = c.dense;
         ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-        Both out = p.Scratch(DType::kF32, Shape{T, H, hd});
-        Both again = p.Scratch(DType::kF32, Shape{T, H, hd});
-        ASSERT_TRUE(
-            p.cpu.Attention(ap, q.c, kv.c, ring.c, entries.c, selected.c, sinks.c, out.c).ok());
-        absl::Status s = p.gpu->Attention(ap, q.g, kv.g, ring.g, entries.g, selected.g, sinks.g, out.g);
-        ASSERT_TRUE(s.ok()) << s;
-        s = p.gpu->Attention(ap, q.g, kv.g, ring.g, entries.g, selected.g, sinks.g, again.g);
-        ASSERT_TRUE(s.ok()) << s;
-        const std::vector<float> got = p.HostG(out.g), ref = p.HostC(out.c);
-        EXPECT_TRUE(Close(got, ref, raw ? 1e-2 : 5e-3, raw ? 2e-2 : 1e-2));
-        EXPECT_TRUE(got == p.HostG(again.g)) << "not bit-identical run to run";
-        double max_abs = 0;
-        for (size_t i = 0; i < got.size(); ++i) {
-          max_abs = std::max(max_abs, std::fabs(static_cast<double>(got[i]) - ref[i]));
+        RopeConfig main_rope;
+        main_rope.theta = 10000;
+        Both freq = p.Weight(Shape{32}, RopeInvFreq(main_rope, 64));
+        // Plain, then with the model's inverse RoPE on the last 64 channels (in the split
+        // combine, or the RoPE kernel after a single split).
+        for (const bool roped : {false, true}) {
+          SCOPED_TRACE(roped ? "roped" : "plain");
+          if (roped) {
+            ap.out_rope.rope_dims = 64;
+            ap.out_rope.inverse = true;
+            ap.out_rope.inv_freq = freq.c;
+          }
+          Both out = p.Scratch(DType::kF32, Shape{T, H, hd});
+          Both again = p.Scratch(DType::kF32, Shape{T, H, hd});
+          ASSERT_TRUE(
+              p.cpu.Attention(ap, q.c, kv.c, ring.c, entries.c, selected.c, sinks.c, out.c).ok());
+          if (roped) ap.out_rope.inv_freq = freq.g;
+          absl::Status s =
+              p.gpu->Attention(ap, q.g, kv.g, ring.g, entries.g, selected.g, sinks.g, out.g);
+          ASSERT_TRUE(s.ok()) << s;
+          s = p.gpu->Attention(ap, q.g, kv.g, ring.g, entries.g, selected.g, sinks.g, again.g);
+          ASSERT_TRUE(s.ok()) << s;
+          const std::vector<float> got = p.HostG(out.g), ref = p.HostC(out.c);
+          EXPECT_TRUE(Close(got, ref, raw ? 1e-2 : 5e-3, raw ? 2e-2 : 1e-2));
+          EXPECT_TRUE(got == p.HostG(again.g)) << "not bit-identical run to run";
+          double max_abs = 0;
+          for (size_t i = 0; i < got.size(); ++i) {
+            max_abs = std::max(max_abs, std::fabs(static_cast<double>(got[i]) - ref[i]));
+          }
+          EXPECT_GT(max_abs, 2e-5) << "fp32-exact output: the bf16 tensor-core path did not run";
         }
-        EXPECT_GT(max_abs, 2e-5) << "fp32-exact output: the bf16 tensor-core path did not run";
       }
     }
   }
