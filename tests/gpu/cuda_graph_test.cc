@@ -439,5 +439,48 @@ TEST(CudaGraphs, EnforceEagerKillSwitch) {
   }
 }
 
+// DSV4_STEP_DEVICE_TIME=1: each step reports the device's time for its forward and sampling
+// (timing events), which lies inside the step's own wall time; unset, nothing is measured.
+TEST(CudaGraphs, StepDeviceTimeIsMeasuredOnlyWhenAsked) {
+  DSV4_REQUIRE_GPU();
+  auto config = ParseModelConfig(testing::TinyConfigJson().dump());
+  ASSERT_TRUE(config.ok());
+  CacheConfig cache;
+  cache.num_slots = 2;
+  cache.max_model_len = 256;
+  cache.num_blocks = 2 * (256 / DefaultBlockSize(*config));
+  WeightsSpec weights;
+  weights.synthetic = true;
+  for (const bool timed : {true, false}) {
+    SCOPED_TRACE(timed ? "timed" : "untimed");
+    if (timed) setenv("DSV4_STEP_DEVICE_TIME", "1", 1);
+    auto w = CreateWorker(DeviceChoice{true, 0}, Precision::kFP32, *config, weights, cache);
+    unsetenv("DSV4_STEP_DEVICE_TIME");
+    ASSERT_TRUE(w.ok()) << w.status();
+    std::vector<Req> reqs = MakeRequests(1, 8, 8, static_cast<int>(config->vocab_size),
+                                         256 / DefaultBlockSize(*config), 0, 1);
+    // A prefill (eager or piecewise), a FULL capture, then FULL replays.
+    for (int step = 0; step < 4; ++step) {
+      StepPlan plan = NextPlan(reqs, step, 64, 8, Greedy());
+      ChooseGraph(&plan);
+      auto r = (*w)->Execute(plan);
+      ASSERT_TRUE(r.ok()) << r.status();
+      if (timed) {
+        EXPECT_GT(r->device_seconds, 0.0) << "step " << step;
+        EXPECT_LE(r->device_seconds, r->execute_seconds) << "step " << step;
+      } else {
+        EXPECT_EQ(r->device_seconds, 0.0) << "step " << step;
+      }
+      Commit(reqs, plan, *r);
+    }
+  }
+  setenv("DSV4_STEP_DEVICE_TIME", "2", 1);
+  auto bad = CreateWorker(DeviceChoice{true, 0}, Precision::kFP32, *config, weights, cache);
+  unsetenv("DSV4_STEP_DEVICE_TIME");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("DSV4_STEP_DEVICE_TIME"), std::string::npos)
+      << bad.status();
+}
+
 }  // namespace
 }  // namespace dsv4

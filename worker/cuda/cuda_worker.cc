@@ -67,6 +67,11 @@ absl::StatusOr<std::unique_ptr<CudaWorker>> CudaWorker::Create(std::unique_ptr<D
   graphs.shortcut_in_capture |= shortcut;
   w->options_ = graphs;
   backend->set_shortcut_in_capture(graphs.shortcut_in_capture);
+  ASSIGN_OR_RETURN(w->time_steps_, EnvBool("DSV4_STEP_DEVICE_TIME", false));
+  if (w->time_steps_) {
+    ASSIGN_OR_RETURN(w->step_begin_, CudaEvent::Create());
+    ASSIGN_OR_RETURN(w->step_end_, CudaEvent::Create());
+  }
   return w;
 }
 
@@ -298,6 +303,7 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
                                        seen, outputs, stream));
   }
   const void* outs_dev = d + at_out;
+  if (time_steps_) CUDA_RETURN_IF_ERROR(cudaEventRecord(step_begin_.get(), stream));
   if (full) {
     RETURN_IF_ERROR(
         RunFull(padded, sample_rows, sample_rows_h, mask, masked, &result.graph, &outs_dev));
@@ -340,6 +346,7 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
       if (OpProfile* prof = backend_->profile()) prof->End(stream);
     }
   }
+  if (time_steps_) CUDA_RETURN_IF_ERROR(cudaEventRecord(step_end_.get(), stream));
   if (sample_rows > 0) {
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h + at_out, outs_dev,
                                          sizeof(cuda::SampleOut) * sample_rows,
@@ -347,6 +354,11 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
   }
   backend_->ProfileRelease();
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  if (time_steps_) {
+    float ms = 0;
+    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, step_begin_.get(), step_end_.get()));
+    result.device_seconds = ms * 1e-3;
+  }
   RETURN_IF_ERROR(backend_->ProfileCollect());
   const auto* outs = reinterpret_cast<const cuda::SampleOut*>(h + at_out);
   r = 0;

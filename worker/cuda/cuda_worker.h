@@ -77,6 +77,9 @@ class CudaWorker final : public Worker {
   DeviceBuffer seen_, outputs_;     // [slots, vocab] int32, allocated on first penalty use
   PinnedBuffer staging_;
   DeviceBuffer staging_dev_;
+  // DSV4_STEP_DEVICE_TIME=1: timing events around each step's device work (device_seconds).
+  CudaEvent step_begin_, step_end_;
+  bool time_steps_ = false;
   std::map<int32_t, FullGraph> full_;
   std::map<int32_t, PiecewiseEntry> piecewise_;
   CudaGraphStats stats_;
