@@ -6,6 +6,7 @@
 #include <cmath>
 #include <random>
 
+#include "common/status.h"
 #include "tests/gpu/backend_pair.h"
 #include "tests/testing/checkpoint_writer.h"
 #include "worker/model/dsv4_model.h"
@@ -411,26 +412,40 @@ TEST(CudaGraphs, PaddingRowsWriteNoState) {
 }
 
 // The kill switch: every planned graph runs eagerly and is reported as a fallback.
-TEST(CudaGraphs, EnforceEagerKillSwitch) {
-  DSV4_REQUIRE_GPU();
-  auto config = ParseModelConfig(testing::TinyConfigJson().dump());
-  ASSERT_TRUE(config.ok());
+// The tiny model (synthetic weights, fp32) on a GPU worker with a 2-slot cache of 256 tokens,
+// and one 8-token request for it.
+struct TinyRun {
+  std::unique_ptr<Worker> worker;
+  std::vector<Req> reqs;
+};
+absl::StatusOr<TinyRun> MakeTinyRun(const CudaGraphOptions& options = {}) {
+  ASSIGN_OR_RETURN(const ModelConfig config, ParseModelConfig(testing::TinyConfigJson().dump()));
   CacheConfig cache;
   cache.num_slots = 2;
   cache.max_model_len = 256;
-  cache.num_blocks = 2 * (256 / DefaultBlockSize(*config));
+  cache.num_blocks = 2 * (256 / DefaultBlockSize(config));
   WeightsSpec weights;
   weights.synthetic = true;
+  TinyRun t;
+  ASSIGN_OR_RETURN(t.worker, CreateWorker(DeviceChoice{true, 0}, Precision::kFP32, config, weights,
+                                          cache, options));
+  t.reqs = MakeRequests(1, 8, 8, static_cast<int>(config.vocab_size),
+                        256 / DefaultBlockSize(config), 0, 1);
+  return t;
+}
+
+TEST(CudaGraphs, EnforceEagerKillSwitch) {
+  DSV4_REQUIRE_GPU();
   CudaGraphOptions off;
   off.enforce_eager = true;
-  auto w = CreateWorker(DeviceChoice{true, 0}, Precision::kFP32, *config, weights, cache, off);
-  ASSERT_TRUE(w.ok()) << w.status();
-  std::vector<Req> reqs = MakeRequests(1, 8, 8, static_cast<int>(config->vocab_size),
-                                       256 / DefaultBlockSize(*config), 0, 1);
+  auto run = MakeTinyRun(off);
+  ASSERT_TRUE(run.ok()) << run.status();
+  std::unique_ptr<Worker>& w = run->worker;
+  std::vector<Req>& reqs = run->reqs;
   for (int step = 0; step < 3; ++step) {
     StepPlan plan = NextPlan(reqs, step, 64, 8, Greedy());
     ChooseGraph(&plan);
-    auto r = (*w)->Execute(plan);
+    auto r = w->Execute(plan);
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->graph.mode, GraphMode::kEager);
     EXPECT_TRUE(r->graph.fallback);
@@ -443,27 +458,19 @@ TEST(CudaGraphs, EnforceEagerKillSwitch) {
 // (timing events), which lies inside the step's own wall time; unset, nothing is measured.
 TEST(CudaGraphs, StepDeviceTimeIsMeasuredOnlyWhenAsked) {
   DSV4_REQUIRE_GPU();
-  auto config = ParseModelConfig(testing::TinyConfigJson().dump());
-  ASSERT_TRUE(config.ok());
-  CacheConfig cache;
-  cache.num_slots = 2;
-  cache.max_model_len = 256;
-  cache.num_blocks = 2 * (256 / DefaultBlockSize(*config));
-  WeightsSpec weights;
-  weights.synthetic = true;
   for (const bool timed : {true, false}) {
     SCOPED_TRACE(timed ? "timed" : "untimed");
     if (timed) setenv("DSV4_STEP_DEVICE_TIME", "1", 1);
-    auto w = CreateWorker(DeviceChoice{true, 0}, Precision::kFP32, *config, weights, cache);
+    auto run = MakeTinyRun();
     unsetenv("DSV4_STEP_DEVICE_TIME");
-    ASSERT_TRUE(w.ok()) << w.status();
-    std::vector<Req> reqs = MakeRequests(1, 8, 8, static_cast<int>(config->vocab_size),
-                                         256 / DefaultBlockSize(*config), 0, 1);
+    ASSERT_TRUE(run.ok()) << run.status();
+    std::unique_ptr<Worker>& w = run->worker;
+    std::vector<Req>& reqs = run->reqs;
     // A prefill (eager or piecewise), a FULL capture, then FULL replays.
     for (int step = 0; step < 4; ++step) {
       StepPlan plan = NextPlan(reqs, step, 64, 8, Greedy());
       ChooseGraph(&plan);
-      auto r = (*w)->Execute(plan);
+      auto r = w->Execute(plan);
       ASSERT_TRUE(r.ok()) << r.status();
       if (timed) {
         EXPECT_GT(r->device_seconds, 0.0) << "step " << step;
@@ -475,7 +482,7 @@ TEST(CudaGraphs, StepDeviceTimeIsMeasuredOnlyWhenAsked) {
     }
   }
   setenv("DSV4_STEP_DEVICE_TIME", "2", 1);
-  auto bad = CreateWorker(DeviceChoice{true, 0}, Precision::kFP32, *config, weights, cache);
+  auto bad = MakeTinyRun();
   unsetenv("DSV4_STEP_DEVICE_TIME");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("DSV4_STEP_DEVICE_TIME"), std::string::npos)
