@@ -83,9 +83,10 @@ struct StepResult {
   uint64_t step_id = 0;
   std::vector<SampledToken> sampled;  // one per ScheduledSeq with sample = true, in plan order
   double execute_seconds = 0;
-  // The device's time for the step's forward and sampling (timing events around them, so the
-  // metadata and result transfers are outside), when the worker measures it (the GPU worker with
-  // DSV4_STEP_DEVICE_TIME=1); 0 otherwise.
+  // The device's time for the step's forward and sampling (timing events around them: the
+  // metadata upload and the results' copy back are outside, a FULL step's sampling-row upload
+  // inside), when the worker measures it (the GPU worker with DSV4_STEP_DEVICE_TIME=1); 0
+  // otherwise.
   double device_seconds = 0;
   GraphRun graph;
 };
