@@ -1,11 +1,14 @@
 #include "worker/cuda/cuda_worker.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/env.h"
 #include "common/status.h"
 #include "kernels/cuda/sampling.h"
@@ -73,6 +76,22 @@ absl::StatusOr<std::unique_ptr<CudaWorker>> CudaWorker::Create(std::unique_ptr<D
     ASSIGN_OR_RETURN(w->step_end_, CudaEvent::Create());
   }
   return w;
+}
+
+CudaWorker::~CudaWorker() {
+  if (phases_.empty()) return;
+  // Medians over the steps (captures and prefills are a few outliers among the decode steps).
+  const char* names[] = {"pack", "prepare", "launch", "wait", "finish", "device"};
+  std::string line =
+      absl::StrCat("cuda worker: per-step medians over ", phases_.size(), " steps (us):");
+  for (size_t k = 0; k < 6; ++k) {
+    std::vector<double> v;
+    v.reserve(phases_.size());
+    for (const auto& p : phases_) v.push_back(p[k]);
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    absl::StrAppend(&line, " ", names[k], " ", absl::StrFormat("%.1f", v[v.size() / 2] * 1e6));
+  }
+  std::fprintf(stderr, "%s\n", line.c_str());
 }
 
 WorkerInfo CudaWorker::info() const {
@@ -283,7 +302,9 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
     options.padded_seqs = padded_seqs;
     options.logits_per_seq = full;
   }
+  const auto t_prepare = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(model_->PrepareStep(steps, options, &seq_rows));
+  const auto t_prepared = std::chrono::steady_clock::now();
   cudaStream_t stream = backend_->stream();
   // Everything before the outputs; a FULL step's rows and mask go straight into its graph's own
   // buffer (RunFull), so only the count updates come through here (nothing without penalties).
@@ -353,7 +374,9 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
                                          cudaMemcpyDeviceToHost, stream));
   }
   backend_->ProfileRelease();
+  const auto t_launched = std::chrono::steady_clock::now();
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  const auto t_synced = std::chrono::steady_clock::now();
   if (time_steps_) {
     float ms = 0;
     CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, step_begin_.get(), step_end_.get()));
@@ -378,6 +401,12 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
     result.sampled.push_back(std::move(t));
   }
   result.execute_seconds = Since(t0);
+  if (time_steps_) {
+    auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+    phases_.push_back({secs(t0, t_prepare), secs(t_prepare, t_prepared),
+                       secs(t_prepared, t_launched), secs(t_launched, t_synced), Since(t_synced),
+                       result.device_seconds});
+  }
   return result;
 }
 

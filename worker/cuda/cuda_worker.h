@@ -19,6 +19,7 @@
 // Not thread-safe: one engine thread.
 #pragma once
 
+#include <array>
 #include <map>
 #include <memory>
 #include <string>
@@ -44,6 +45,7 @@ class CudaWorker final : public Worker {
   // `model` must run on a CudaBackend. The environment's switches are OR'ed into `graphs`.
   static absl::StatusOr<std::unique_ptr<CudaWorker>> Create(std::unique_ptr<Dsv4Model> model,
                                                             CudaGraphOptions graphs = {});
+  ~CudaWorker() override;
   WorkerInfo info() const override;
   absl::StatusOr<StepResult> Execute(const StepPlan& plan) override;
 
@@ -77,9 +79,12 @@ class CudaWorker final : public Worker {
   DeviceBuffer seen_, outputs_;     // [slots, vocab] int32, allocated on first penalty use
   PinnedBuffer staging_;
   DeviceBuffer staging_dev_;
-  // DSV4_STEP_DEVICE_TIME=1: timing events around each step's device work (device_seconds).
+  // DSV4_STEP_DEVICE_TIME=1: timing events around each step's device work (device_seconds),
+  // and the host's phases of each step, whose medians the destructor prints (where the host
+  // time around the device's goes).
   CudaEvent step_begin_, step_end_;
   bool time_steps_ = false;
+  std::vector<std::array<double, 6>> phases_;
   std::map<int32_t, FullGraph> full_;
   std::map<int32_t, PiecewiseEntry> piecewise_;
   CudaGraphStats stats_;
