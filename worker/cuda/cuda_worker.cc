@@ -80,7 +80,8 @@ absl::StatusOr<std::unique_ptr<CudaWorker>> CudaWorker::Create(std::unique_ptr<D
 
 CudaWorker::~CudaWorker() {
   if (phases_.empty()) return;
-  // Medians over the steps (captures and prefills are a few outliers among the decode steps).
+  // Medians over the recorded steps (captures and prefills are a few outliers among the decode
+  // steps).
   const char* names[] = {"pack", "prepare", "launch", "wait", "finish", "device"};
   std::string line =
       absl::StrCat("cuda worker: per-step medians over ", phases_.size(), " steps (us):");
@@ -401,7 +402,8 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
     result.sampled.push_back(std::move(t));
   }
   result.execute_seconds = Since(t0);
-  if (time_steps_) {
+  // (The first 64k steps: a long-running server with the switch on keeps a bounded record.)
+  if (time_steps_ && phases_.size() < (size_t{1} << 16)) {
     auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
     phases_.push_back({secs(t0, t_prepare), secs(t_prepare, t_prepared),
                        secs(t_prepared, t_launched), secs(t_launched, t_synced), Since(t_synced),
