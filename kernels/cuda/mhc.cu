@@ -60,6 +60,18 @@ struct PostArgs {
   int64_t dim = 0;
   float* out = nullptr;
 };
+// The kernels' form of HcPost's operands (the public HcPostIn), writing streams of width dim to
+// out.
+PostArgs PostArgsOf(const HcPostIn& in, int64_t dim, float* out) {
+  PostArgs pa;
+  pa.hs = in.hs;
+  pa.f = in.f;
+  pa.post = in.post;
+  pa.comb = in.comb;
+  pa.dim = dim;
+  pa.out = out;
+  return pa;
+}
 
 // ---- the mix: partial sums [parts, T, rows + 1] ----
 //
@@ -336,6 +348,15 @@ __device__ __forceinline__ void PreGates(const float* vals, float inv, const flo
   for (int j = 0; j < kN; ++j) pre[j] = Sigmoid(vals[j] * inv * scale[0] + base[j]) + eps;
 }
 
+// The RMS scale of the flattened streams from their summed squares (the mix's last value): one
+// expression for every kernel that turns the mix into gates (the two-kernel path, the deferred
+// Sinkhorn and the cluster launch), so they give the same bits.
+template <int kN>
+__device__ __forceinline__ float MixInverse(float sum_squares, const HcDims& d) {
+  const int64_t nd = kN * d.dim;
+  return 1.0f / sqrtf(sum_squares / static_cast<float>(nd) + d.norm_eps);
+}
+
 // Σ_j pre[j] · x(j): the streams' 4 columns x(j) collapsed with the gates (x: j -> float4).
 template <int kN, class X>
 __device__ __forceinline__ float4 CollapseWith(const float (&pre)[kN], X x_of) {
@@ -381,8 +402,7 @@ __device__ __forceinline__ bool FinalGates(const HcDims& d, const float* mix_par
     if (lane == 0) vals[r] = s;
   }
   __syncthreads();
-  const int64_t nd = kN * d.dim;
-  const float inv = 1.0f / sqrtf(vals[kRows] / static_cast<float>(nd) + d.norm_eps);
+  const float inv = MixInverse<kN>(vals[kRows], d);
   if (sink) {
     if (gates != nullptr) {  // deferred to HcGatesKernel
       for (int r = threadIdx.x; r < kVals; r += blockDim.x) gates[t * kVals + r] = vals[r];
@@ -488,8 +508,7 @@ __global__ void __launch_bounds__(32)
   constexpr int kRows = (2 + kN) * kN;
   const int64_t t = blockIdx.x;
   const float* vals = gates + t * (kRows + 1);
-  const int64_t nd = kN * d.dim;
-  const float inv = 1.0f / sqrtf(vals[kRows] / static_cast<float>(nd) + d.norm_eps);
+  const float inv = MixInverse<kN>(vals[kRows], d);
   PostAndComb<kN>(vals, inv, base, scale, d, t, static_cast<int>(threadIdx.x), post, comb);
 }
 
@@ -586,7 +605,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
     if (lane == 0) vals[r] = s;
   }
   __syncthreads();
-  const float inv_mix = 1.0f / sqrtf(vals[kRows] / static_cast<float>(nd) + d.norm_eps);
+  const float inv_mix = MixInverse<kN>(vals[kRows], d);
   if (sink && gates != nullptr) {  // deferred to HcGatesKernel
     if (threadIdx.x < kVals) gates[t * kVals + threadIdx.x] = vals[threadIdx.x];
   } else if (sink && warp == kClusterWarps - 1) {
@@ -759,13 +778,7 @@ absl::Status HcPostMix(const HcDims& d, const float* hs, const float* f, const f
         "HcPostMix: needs hc_mult 4, 24 mix rows, D % 4 == 0 and 16-byte aligned operands");
   }
   if (d.tokens == 0) return absl::OkStatus();
-  PostArgs pa;
-  pa.hs = hs;
-  pa.f = f;
-  pa.post = post;
-  pa.comb = comb;
-  pa.dim = d.dim;
-  pa.out = out;
+  const PostArgs pa = PostArgsOf(HcPostIn{hs, f, post, comb}, d.dim, out);
   CUDA_RETURN_IF_ERROR(
       (LaunchMix<24, 4>(out, d.tokens, d.n * d.dim, fn, /*vec=*/true, pa, parts, stream)));
   CUDA_RETURN_IF_LAUNCH_ERROR();
@@ -949,12 +962,7 @@ absl::Status HcClusterNorm(const HcDims& d, const HcPostIn* in, float* hs, const
   PostArgs pa;
   cudaError_t err;
   if (in != nullptr) {
-    pa.hs = in->hs;
-    pa.f = in->f;
-    pa.post = in->post;
-    pa.comb = in->comb;
-    pa.dim = d.dim;
-    pa.out = hs;
+    pa = PostArgsOf(*in, d.dim, hs);
     err = LaunchPdlCluster(HcClusterKernel<24, 4>, grid, block, 0, stream, csize, d, hs, fn, pa,
                            base, scale, norm_w, rms_eps, normed, post, comb, gates);
   } else if (rows == 24) {
