@@ -37,7 +37,13 @@ struct ScheduledSeq {
   int32_t prompt_len = 0;          // positions >= prompt_len hold generated tokens
   int32_t output_index = 0;        // index of the token to sample among the outputs
   std::shared_ptr<const SamplingSpec> sampling;
+  // Overlapped decode (Worker::Launch): `tokens` is one placeholder (kDeferredToken) standing for
+  // the token that the previously launched step samples for this request, which the worker feeds
+  // without the coordinator having seen it.
+  bool deferred_token = false;
 };
+
+constexpr int32_t kDeferredToken = -1;
 
 enum class GraphMode { kEager, kPiecewise, kFull };
 inline const char* GraphModeName(GraphMode m) {

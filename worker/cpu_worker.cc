@@ -56,6 +56,7 @@ absl::StatusOr<std::vector<SequenceStep>> ModelSteps(const StepPlan& plan) {
     step.state_slot = s.state_slot;
     step.block_table = s.block_table;
     step.logits = s.sample ? SequenceStep::Logits::kLast : SequenceStep::Logits::kNone;
+    step.deferred_token = s.deferred_token;
     steps.push_back(step);
   }
   return steps;

@@ -2,8 +2,9 @@
 // (plugin) and remote workers (control plane) later. Execute() is called from one thread.
 #pragma once
 
+#include <deque>
+#include <map>
 #include <string>
-
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -19,6 +20,9 @@ struct WorkerInfo {
   int32_t block_size = 0;   // tokens per block
   int32_t max_model_len = 0;
   bool cuda_graphs = false;  // runs FULL / PIECEWISE plans (the CUDA worker); others run eager
+  // Launch returns before the step ends, so the coordinator can plan and queue the next step
+  // while this one runs (the CUDA worker); others run each step inside Launch.
+  bool overlap = false;
 };
 
 class Worker {
@@ -28,6 +32,21 @@ class Worker {
   // Runs the plan's forward pass and samples. A failed step leaves the plan's sequences in an
   // unspecified state: the coordinator fails those requests.
   virtual absl::StatusOr<StepResult> Execute(const StepPlan& plan) = 0;
+
+  // Overlapped execution: Launch queues a step and Collect returns the oldest queued step's result,
+  // so that the coordinator plans step N+1 while step N runs. At most kMaxInFlight steps are
+  // queued. A plan entry with `deferred_token` feeds the token the previously launched step
+  // samples for the same request (InvalidArgument if that step did not sample it). A failed Launch
+  // queues nothing; a failed Collect drops its step (the coordinator fails those requests, as for
+  // Execute). This default runs the step inside Launch, resolving deferred tokens on the host.
+  static constexpr int kMaxInFlight = 2;
+  virtual absl::Status Launch(const StepPlan& plan);
+  virtual absl::StatusOr<StepResult> Collect();
+  virtual int in_flight() const { return static_cast<int>(queued_.size()); }
+
+ private:
+  std::deque<StepResult> queued_;
+  std::map<uint64_t, int32_t> last_sampled_;  // request -> token, of the last launched step
 };
 
 // The model steps of a plan (views into it): a sampled sequence returns its last logits. A

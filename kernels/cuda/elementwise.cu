@@ -27,14 +27,22 @@ __device__ __forceinline__ uint16_t ToBf16(float f) {
 
 // out[t, j] = table[ids[t]] for j < copies (out [tokens, copies, dim]).
 template <typename T>
-__global__ void EmbedKernel(const T* table, int64_t vocab, int64_t dim, const int32_t* ids,
-                            int32_t tokens, int64_t copies, float* out) {
+__global__ void EmbedKernel(const T* table, int64_t vocab, int64_t dim, RaggedBatchView b,
+                            DeferredTokens deferred, int64_t copies, float* out) {
   PdlTrigger();
   PdlWait();
   const int32_t t = blockIdx.x;
   const int64_t i = int64_t{blockIdx.y} * blockDim.x + threadIdx.x;
-  if (t >= tokens || i >= dim) return;
-  const T* row = table + int64_t{ids[t]} * dim;
+  if (t >= b.num_tokens || i >= dim) return;
+  int32_t id = b.token_ids[t];
+  if (id < 0) {
+    // A deferred token: the one last sampled into the sequence's slot, written back for the
+    // step's later readers (hash routing). Every block of the row resolves the same id.
+    const int32_t slot = b.state_slot[b.token_seq[t]];
+    id = deferred.slot_tokens != nullptr && slot >= 0 ? deferred.slot_tokens[slot] : 0;
+    if (blockIdx.y == 0 && threadIdx.x == 0) deferred.token_ids[t] = id;
+  }
+  const T* row = table + int64_t{id} * dim;
   float v;
   if constexpr (sizeof(T) == 2) {
     v = Bf16(row[i]);
@@ -134,16 +142,17 @@ __global__ void FillIndicesKernel(int32_t* x, int64_t n, uint64_t seed, int32_t 
 }  // namespace
 
 absl::Status Embed(const void* table, DType table_dtype, int64_t vocab, int64_t dim,
-                   const RaggedBatchView& b, int64_t copies, float* out, cudaStream_t stream) {
+                   const RaggedBatchView& b, DeferredTokens deferred, int64_t copies, float* out,
+                   cudaStream_t stream) {
   if (b.num_tokens == 0) return absl::OkStatus();
   if (table_dtype == DType::kBF16) {
     CUDA_RETURN_IF_ERROR(LaunchPdl(EmbedKernel<uint16_t>, RowGrid(b.num_tokens, dim),
                                    dim3(kThreads), 0, stream, static_cast<const uint16_t*>(table),
-                                   vocab, dim, b.token_ids, b.num_tokens, copies, out));
+                                   vocab, dim, b, deferred, copies, out));
   } else {
     CUDA_RETURN_IF_ERROR(LaunchPdl(EmbedKernel<float>, RowGrid(b.num_tokens, dim), dim3(kThreads),
-                                   0, stream, static_cast<const float*>(table), vocab, dim,
-                                   b.token_ids, b.num_tokens, copies, out));
+                                   0, stream, static_cast<const float*>(table), vocab, dim, b,
+                                   deferred, copies, out));
   }
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();

@@ -13,10 +13,19 @@
 
 namespace dsv4::cuda {
 
+// Deferred input tokens (overlapped decode): a token id < 0 in the batch stands for
+// slot_tokens[state slot of its sequence], the token the previous step sampled there; the kernel
+// writes the resolved id back into token_ids (the same buffer as the view's ids).
+struct DeferredTokens {
+  const int32_t* slot_tokens = nullptr;  // [slots]; null: no step has deferred tokens
+  int32_t* token_ids = nullptr;          // [T]
+};
+
 // out[T, copies, D] = table[token_ids[t]] in each of the copies (table fp32 or bf16; copies = 1:
 // the embedding, copies = n: the embedding expanded into the n mHC streams).
 absl::Status Embed(const void* table, DType table_dtype, int64_t vocab, int64_t dim,
-                   const RaggedBatchView& b, int64_t copies, float* out, cudaStream_t stream);
+                   const RaggedBatchView& b, DeferredTokens deferred, int64_t copies, float* out,
+                   cudaStream_t stream);
 // y = a + b (n floats).
 absl::Status Add(const float* a, const float* b, float* y, int64_t n, cudaStream_t stream);
 // bf16 <-> fp32 conversions (n elements).

@@ -155,12 +155,10 @@ __device__ int32_t GeneralToken(const SampleRow& p, const float* raw, int64_t vo
   return token;
 }
 
-__global__ void __launch_bounds__(kThreads) SampleKernel(const float* logits, int64_t vocab,
-                                                         const SampleRow* params,
-                                                         const int32_t* mask_ids,
-                                                         const int32_t* seen,
-                                                         const int32_t* output, float* work,
-                                                         SampleOut* out) {
+__global__ void __launch_bounds__(kThreads)
+    SampleKernel(const float* logits, int64_t vocab, const SampleRow* params,
+                 const int32_t* mask_ids, const int32_t* seen, const int32_t* output, float* work,
+                 SampleOut* out, int32_t* slot_tokens) {
   PdlTrigger();
   PdlWait();
   __shared__ double sv[32];
@@ -203,6 +201,7 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(const float* logits, in
   if (threadIdx.x == 0) {
     o->token = token;
     o->logprob = p.logprobs > 0 ? static_cast<float>(raw[token] - lse) : 0.0f;
+    if (slot_tokens != nullptr && p.slot >= 0) slot_tokens[p.slot] = token;
   }
 }
 
@@ -472,10 +471,10 @@ __global__ void __launch_bounds__(kPartThreads) SamplePartialKernel(
   }
 }
 
-__global__ void __launch_bounds__(kThreads) SampleFinishKernel(
-    const float* logits, int64_t vocab, int num_slices, const SampleRow* params,
-    const int32_t* mask_ids, const int32_t* seen, const int32_t* output, float* work,
-    SampleOut* out) {
+__global__ void __launch_bounds__(kThreads)
+    SampleFinishKernel(const float* logits, int64_t vocab, int num_slices, const SampleRow* params,
+                       const int32_t* mask_ids, const int32_t* seen, const int32_t* output,
+                       float* work, SampleOut* out, int32_t* slot_tokens) {
   PdlTrigger();
   PdlWait();
   __shared__ double sv[32];
@@ -563,6 +562,7 @@ __global__ void __launch_bounds__(kThreads) SampleFinishKernel(
   if (threadIdx.x == 0) {
     o->token = token;
     o->logprob = nlp > 0 ? static_cast<float>(raw[token] - slse) : 0.0f;
+    if (slot_tokens != nullptr && p.slot >= 0) slot_tokens[p.slot] = token;
   }
 }
 
@@ -591,7 +591,7 @@ __global__ void AddCountsKernel(const int32_t* rows, const int32_t* tokens, cons
 
 absl::Status Sample(const float* logits, int64_t rows, int64_t vocab, const SampleRow* params,
                     const int32_t* mask_ids, const int32_t* seen_counts,
-                    const int32_t* output_counts, float* work, SampleOut* out,
+                    const int32_t* output_counts, float* work, SampleOut* out, int32_t* slot_tokens,
                     cudaStream_t stream) {
   if (rows == 0) return absl::OkStatus();
   const int64_t slices = (vocab + kSlice - 1) / kSlice;
@@ -602,7 +602,7 @@ absl::Status Sample(const float* logits, int64_t rows, int64_t vocab, const Samp
   if (!split) {
     CUDA_RETURN_IF_ERROR(LaunchPdl(SampleKernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads),
                                    0, stream, logits, vocab, params, mask_ids, seen_counts,
-                                   output_counts, work, out));
+                                   output_counts, work, out, slot_tokens));
     CUDA_RETURN_IF_LAUNCH_ERROR();
     return absl::OkStatus();
   }
@@ -613,7 +613,8 @@ absl::Status Sample(const float* logits, int64_t rows, int64_t vocab, const Samp
   CUDA_RETURN_IF_LAUNCH_ERROR();
   CUDA_RETURN_IF_ERROR(LaunchPdl(SampleFinishKernel, dim3(static_cast<unsigned>(rows)),
                                  dim3(kThreads), 0, stream, logits, vocab, static_cast<int>(slices),
-                                 params, mask_ids, seen_counts, output_counts, work, out));
+                                 params, mask_ids, seen_counts, output_counts, work, out,
+                                 slot_tokens));
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

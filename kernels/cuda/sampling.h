@@ -28,6 +28,7 @@ struct SampleRow {
   int32_t counts_row;     // row of the penalty count tables, -1 = no penalties
   int32_t mask_offset;    // ids masked until min_tokens, in `mask_ids`
   int32_t mask_count;
+  int32_t slot;  // state slot whose entry of `slot_tokens` gets the token, -1 = none
   uint64_t seed;
 };
 
@@ -39,10 +40,11 @@ struct SampleOut {
 };
 
 // logits [rows, vocab] (read only); work [rows, vocab] scratch for the penalized row. seen/output
-// counts [count rows, vocab] int32 (may be null when no row has counts_row >= 0).
+// counts [count rows, vocab] int32 (may be null when no row has counts_row >= 0). Each row's token
+// also goes to slot_tokens[slot] when slot >= 0 (the next step's deferred input token; null = off).
 absl::Status Sample(const float* logits, int64_t rows, int64_t vocab, const SampleRow* params,
                     const int32_t* mask_ids, const int32_t* seen_counts,
-                    const int32_t* output_counts, float* work, SampleOut* out,
+                    const int32_t* output_counts, float* work, SampleOut* out, int32_t* slot_tokens,
                     cudaStream_t stream);
 
 // Penalty bookkeeping: zero the count rows listed in `reset_rows` (n_reset), then add each fed

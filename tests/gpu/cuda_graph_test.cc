@@ -4,6 +4,7 @@
 // long-context load with FULL and PIECEWISE steps; padding rows write no state; the kill switch.
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <random>
 
 #include "common/status.h"
@@ -412,24 +413,25 @@ TEST(CudaGraphs, PaddingRowsWriteNoState) {
 }
 
 // The kill switch: every planned graph runs eagerly and is reported as a fallback.
-// The tiny model (synthetic weights, fp32) on a GPU worker with a 2-slot cache of 256 tokens,
-// and one 8-token request for it.
+// The tiny model (synthetic weights, fp32) on a GPU worker with a cache of `slots` x 256 tokens,
+// and `requests` requests of min_len..max_len prompt tokens for it.
 struct TinyRun {
   std::unique_ptr<Worker> worker;
   std::vector<Req> reqs;
 };
-absl::StatusOr<TinyRun> MakeTinyRun(const CudaGraphOptions& options = {}) {
+absl::StatusOr<TinyRun> MakeTinyRun(const CudaGraphOptions& options = {}, int slots = 2,
+                                    int requests = 1, int min_len = 8, int max_len = 8) {
   ASSIGN_OR_RETURN(const ModelConfig config, ParseModelConfig(testing::TinyConfigJson().dump()));
   CacheConfig cache;
-  cache.num_slots = 2;
+  cache.num_slots = slots;
   cache.max_model_len = 256;
-  cache.num_blocks = 2 * (256 / DefaultBlockSize(config));
+  cache.num_blocks = slots * (256 / DefaultBlockSize(config));
   WeightsSpec weights;
   weights.synthetic = true;
   TinyRun t;
   ASSIGN_OR_RETURN(t.worker, CreateWorker(DeviceChoice{true, 0}, Precision::kFP32, config, weights,
                                           cache, options));
-  t.reqs = MakeRequests(1, 8, 8, static_cast<int>(config.vocab_size),
+  t.reqs = MakeRequests(requests, min_len, max_len, static_cast<int>(config.vocab_size),
                         256 / DefaultBlockSize(config), 0, 1);
   return t;
 }
@@ -487,6 +489,128 @@ TEST(CudaGraphs, StepDeviceTimeIsMeasuredOnlyWhenAsked) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("DSV4_STEP_DEVICE_TIME"), std::string::npos)
       << bad.status();
+}
+
+// Overlapped decode (Worker::Launch / Collect): each decode step is launched before the previous
+// one's results are read, its input tokens deferred (resolved on the device from the tokens the
+// previous step sampled into each slot, before the hash-routed MoE layer reads them). The streams
+// and log-probabilities equal a synchronous run's, FULL graphs and eager alike.
+TEST(CudaGraphs, OverlappedDecodeFeedsTheSampledTokens) {
+  DSV4_REQUIRE_GPU();
+  // 3 requests in 4 slots: FULL steps pad to 4 sequences, and the padding row's sample must not
+  // land in any slot's token (slot 0 holds a real request).
+  constexpr int kSlots = 4, kRequests = 3, kMaxNew = 12;
+  for (const bool graphs : {true, false}) {
+    SCOPED_TRACE(graphs ? "graphs" : "eager");
+    auto sync = MakeTinyRun({}, kSlots, kRequests, 6, 40);
+    auto overlapped = MakeTinyRun({}, kSlots, kRequests, 6, 40);
+    ASSERT_TRUE(sync.ok() && overlapped.ok()) << sync.status() << overlapped.status();
+    std::vector<Req>& a = sync->reqs;
+    for (int step = 0; step < kMaxNew; ++step) {
+      StepPlan plan = NextPlan(a, step, 4096, kMaxNew, Greedy());
+      if (graphs) ChooseGraph(&plan);
+      auto r = sync->worker->Execute(plan);
+      ASSERT_TRUE(r.ok()) << r.status();
+      Commit(a, plan, *r);
+    }
+    Worker& w = *overlapped->worker;
+    std::vector<Req>& b = overlapped->reqs;
+    std::deque<StepPlan> flying;
+    int64_t full = 0;
+    auto launch = [&](StepPlan plan) {
+      if (graphs) ChooseGraph(&plan);
+      const absl::Status st = w.Launch(plan);
+      EXPECT_TRUE(st.ok()) << st;
+      flying.push_back(std::move(plan));
+    };
+    auto collect = [&] {
+      auto r = w.Collect();
+      ASSERT_TRUE(r.ok()) << r.status();
+      full += r->graph.mode == GraphMode::kFull;
+      Commit(b, flying.front(), *r);
+      flying.pop_front();
+    };
+    launch(NextPlan(b, 0, 4096, kMaxNew, Greedy()));  // every prompt in one step
+    for (int step = 1; step < kMaxNew; ++step) {
+      // Each sequence of the step in flight decodes the token that step samples.
+      StepPlan ahead;
+      ahead.step_id = 100 + step;
+      for (const ScheduledSeq& prev : flying.back().seqs) {
+        ScheduledSeq s = prev;
+        s.start_pos = prev.start_pos + static_cast<int32_t>(prev.tokens.size());
+        s.output_index = prev.output_index + 1;
+        s.tokens = {kDeferredToken};
+        s.deferred_token = true;
+        s.sample = true;
+        ahead.seqs.push_back(std::move(s));
+      }
+      launch(std::move(ahead));
+      EXPECT_EQ(w.in_flight(), 2);
+      collect();
+    }
+    collect();
+    EXPECT_EQ(w.in_flight(), 0);
+    if (graphs) EXPECT_EQ(full, kMaxNew - 1);
+    for (int i = 0; i < kRequests; ++i) {
+      ASSERT_EQ(b[i].out.size(), static_cast<size_t>(kMaxNew));
+      EXPECT_EQ(b[i].out, a[i].out) << "request " << i;
+      EXPECT_EQ(b[i].margin, a[i].margin) << "request " << i;
+    }
+  }
+}
+
+// What the worker refuses: a deferred token the previous launched step did not sample (or not in
+// that slot), a deferred token feeding penalty counts, a third step in flight, Execute or Launch
+// out of order. Each is a clear error and leaves the worker usable.
+TEST(CudaGraphs, OverlappedDecodeMisuseIsRefused) {
+  DSV4_REQUIRE_GPU();
+  auto run = MakeTinyRun({}, 2, 2, 6, 6);
+  ASSERT_TRUE(run.ok()) << run.status();
+  Worker& w = *run->worker;
+  std::vector<Req>& reqs = run->reqs;
+  EXPECT_EQ(w.Collect().status().code(), absl::StatusCode::kFailedPrecondition);
+  StepPlan first = NextPlan(reqs, 0, 4096, 8, Greedy());
+  ASSERT_EQ(first.seqs.size(), 2u);
+  auto deferred_after = [](const StepPlan& prev) {
+    StepPlan next;
+    for (const ScheduledSeq& p : prev.seqs) {
+      ScheduledSeq s = p;
+      s.start_pos = p.start_pos + static_cast<int32_t>(p.tokens.size());
+      s.output_index = p.output_index + 1;
+      s.tokens = {kDeferredToken};
+      s.deferred_token = true;
+      next.seqs.push_back(std::move(s));
+    }
+    return next;
+  };
+  // Nothing launched before: no token to defer to.
+  absl::Status st = w.Launch(deferred_after(first));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  ASSERT_TRUE(w.Launch(first).ok());
+  EXPECT_EQ(w.Execute(first).status().code(), absl::StatusCode::kFailedPrecondition);
+  StepPlan wrong_slot = deferred_after(first);
+  wrong_slot.seqs[0].state_slot = 1 - wrong_slot.seqs[0].state_slot;
+  wrong_slot.seqs.resize(1);
+  st = w.Launch(wrong_slot);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  StepPlan penalized = deferred_after(first);
+  auto spec = std::make_shared<SamplingSpec>();
+  spec->repetition_penalty = 1.2f;
+  penalized.seqs[1].sampling = spec;
+  st = w.Launch(penalized);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("penalt"), std::string::npos) << st;
+  StepPlan second = deferred_after(first);
+  ASSERT_TRUE(w.Launch(second).ok());
+  st = w.Launch(deferred_after(second));
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  // The two launched steps still come back, in order, with the fed tokens.
+  auto r1 = w.Collect();
+  auto r2 = w.Collect();
+  ASSERT_TRUE(r1.ok() && r2.ok()) << r1.status() << r2.status();
+  EXPECT_EQ(r1->sampled.size(), 2u);
+  EXPECT_EQ(r2->sampled.size(), 2u);
+  EXPECT_EQ(w.in_flight(), 0);
 }
 
 }  // namespace

@@ -525,6 +525,7 @@ std::vector<uintptr_t> CudaBackend::Baked(bool with_head) const {
                                   static_cast<uintptr_t>(max_position_bound_),
                                   static_cast<uintptr_t>(view_.force_indexer_scoring),
                                   meta_generation_};
+  baked.push_back(p(slot_tokens_));
   if (with_head) {
     baked.push_back(p(logit_rows_));
     baked.push_back(static_cast<uintptr_t>(num_logit_rows_));
@@ -559,7 +560,7 @@ absl::Status CudaBackend::Embed(const Tensor& table, Tensor out) {
   RETURN_IF_ERROR(op_checks::Embed(table, out, view_.num_tokens));
   if (skip()) return absl::OkStatus();
   ProfileScope prof(profile_.get(), cur_stream(), "Embed", out);
-  return cuda::Embed(table.data, table.dtype, table.dim(0), table.dim(1), view_, 1,
+  return cuda::Embed(table.data, table.dtype, table.dim(0), table.dim(1), view_, Deferred(), 1,
                      out.ptr<float>(), cur_stream());
 }
 
@@ -567,8 +568,8 @@ absl::Status CudaBackend::EmbedExpand(const Tensor& table, Tensor hs) {
   RETURN_IF_ERROR(op_checks::EmbedExpand(table, hs, view_.num_tokens));
   if (skip()) return absl::OkStatus();
   ProfileScope prof(profile_.get(), cur_stream(), "EmbedExpand", hs);
-  return cuda::Embed(table.data, table.dtype, table.dim(0), table.dim(1), view_, hs.dim(1),
-                     hs.ptr<float>(), cur_stream());
+  return cuda::Embed(table.data, table.dtype, table.dim(0), table.dim(1), view_, Deferred(),
+                     hs.dim(1), hs.ptr<float>(), cur_stream());
 }
 
 absl::StatusOr<const void*> CudaBackend::MatrixOperand(const Tensor& x, const Tensor& w) {

@@ -28,6 +28,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/mhc.h"
 #include "kernels/ragged_batch.h"
@@ -136,6 +137,10 @@ class CudaBackend final : public Backend {
   std::vector<uintptr_t> Baked(bool with_head) const;
   // Debug only: take the indexer shortcut even while capturing (reproduces vLLM #52448).
   void set_shortcut_in_capture(bool on) { shortcut_in_capture_ = on; }
+  // Overlapped decode: the [slots] device table where the worker's sampling leaves each slot's
+  // last token; the embedding resolves a step's deferred tokens (kDeferredToken) from it.
+  void set_slot_tokens(int32_t* table) { slot_tokens_ = table; }
+  bool deferred_tokens() const override { return slot_tokens_ != nullptr; }
 
   // Op profiling (DSV4_PROFILE_OPS=1, worker/cuda/op_profile.h): null when off.
   OpProfile* profile() { return profile_.get(); }
@@ -172,6 +177,11 @@ class CudaBackend final : public Backend {
   absl::Status CutSegment();
   // Replaying a piecewise segment: the op's launches are in the graph.
   bool skip() const { return skip_; }
+  // The embedding's deferred-token operands: the view's ids live in meta_dev_, which this backend
+  // owns, so the kernel may write the resolved ids back.
+  cuda::DeferredTokens Deferred() const {
+    return {slot_tokens_, const_cast<int32_t*>(view_.token_ids)};
+  }
   absl::StatusOr<const void*> MatrixOperand(const Tensor& x, const Tensor& w);
   absl::StatusOr<Tensor> HcMix(const Tensor& hs, const Tensor& fn);
 
@@ -214,6 +224,7 @@ class CudaBackend final : public Backend {
   size_t persistent_bytes_ = 0;
   Arena model_arena_, op_arena_;
   DeviceBuffer meta_dev_;
+  int32_t* slot_tokens_ = nullptr;  // owned by the worker
   uint64_t meta_generation_ = 0;  // bumped when meta_dev_ moves
   PinnedBuffer meta_host_;
   RaggedBatchView view_;

@@ -50,6 +50,7 @@ cuda::SampleRow InertRow() {
   row.top_p = 1;
   row.repetition_penalty = 1;
   row.counts_row = -1;
+  row.slot = -1;  // leaves every slot's last token alone
   return row;
 }
 
@@ -71,14 +72,23 @@ absl::StatusOr<std::unique_ptr<CudaWorker>> CudaWorker::Create(std::unique_ptr<D
   w->options_ = graphs;
   backend->set_shortcut_in_capture(graphs.shortcut_in_capture);
   ASSIGN_OR_RETURN(w->time_steps_, EnvBool("DSV4_STEP_DEVICE_TIME", false));
-  if (w->time_steps_) {
-    ASSIGN_OR_RETURN(w->step_begin_, CudaEvent::Create());
-    ASSIGN_OR_RETURN(w->step_end_, CudaEvent::Create());
+  for (Staging& st : w->staging_) {
+    ASSIGN_OR_RETURN(st.done, CudaEvent::Create(cudaEventDisableTiming));
+    if (w->time_steps_) {
+      ASSIGN_OR_RETURN(st.begin, CudaEvent::Create());
+      ASSIGN_OR_RETURN(st.end, CudaEvent::Create());
+    }
   }
+  const size_t slot_bytes = sizeof(int32_t) * static_cast<size_t>(w->model_->cache().num_slots);
+  ASSIGN_OR_RETURN(w->slot_tokens_, AllocDevice(std::max<size_t>(slot_bytes, sizeof(int32_t))));
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(w->slot_tokens_.get(), 0, slot_bytes, backend->stream()));
+  backend->set_slot_tokens(static_cast<int32_t*>(w->slot_tokens_.get()));
   return w;
 }
 
 CudaWorker::~CudaWorker() {
+  // Launched steps still write into the staging buffers.
+  if (!flights_.empty()) (void)cudaStreamSynchronize(backend_->stream());
   if (phases_.empty()) return;
   // Medians over the recorded steps (captures and prefills are a few outliers among the decode
   // steps).
@@ -103,6 +113,8 @@ WorkerInfo CudaWorker::info() const {
   w.block_size = model_->cache().block_size;
   w.max_model_len = model_->cache().max_model_len;
   w.cuda_graphs = true;
+  // Op profiling brackets one step at a time.
+  w.overlap = backend_->profile() == nullptr;
   return w;
 }
 
@@ -155,7 +167,8 @@ absl::Status CudaWorker::RunFull(int32_t padded, int64_t rows, const void* host_
     ASSIGN_OR_RETURN(Tensor logits, model_->RunForward());
     ASSIGN_OR_RETURN(Tensor work, backend_->Scratch(DType::kF32, Shape{rows, vocab}));
     return cuda::Sample(logits.ptr<float>(), rows, vocab, dev_rows, dev_mask, seen, outputs,
-                        work.ptr<float>(), dev_outs, stream);
+                        work.ptr<float>(), dev_outs, static_cast<int32_t*>(slot_tokens_.get()),
+                        stream);
   };
   std::vector<uintptr_t> baked = backend_->Baked(/*with_head=*/true);
   baked.push_back(reinterpret_cast<uintptr_t>(seen));
@@ -196,15 +209,47 @@ absl::Status CudaWorker::RunFull(int32_t padded, int64_t rows, const void* host_
 }
 
 absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
+  if (!flights_.empty()) {
+    return absl::FailedPreconditionError("Execute with launched steps not yet collected");
+  }
+  RETURN_IF_ERROR(Launch(plan));
+  return Collect();
+}
+
+absl::Status CudaWorker::Launch(const StepPlan& plan) {
   const auto t0 = std::chrono::steady_clock::now();
-  StepResult result;
-  result.step_id = plan.step_id;
-  if (plan.seqs.empty()) return result;
+  if (static_cast<int>(flights_.size()) >= kMaxInFlight) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Launch with ", flights_.size(), " steps in flight (at most ", kMaxInFlight, ")"));
+  }
+  Flight f;
+  f.step_id = plan.step_id;
+  f.t0 = t0;
+  if (plan.seqs.empty()) {
+    last_slots_.clear();
+    flights_.push_back(std::move(f));
+    return absl::OkStatus();
+  }
   ASSIGN_OR_RETURN(std::vector<SequenceStep> steps, ModelSteps(plan));
   int64_t rows = 0, masked = 0, counted_tokens = 0, resets = 0;
   bool penalties = false;
   for (const ScheduledSeq& s : plan.seqs) {
-    if (s.sampling != nullptr && UsesPenalties(*s.sampling)) {
+    const bool counts = s.sampling != nullptr && UsesPenalties(*s.sampling);
+    if (s.deferred_token) {
+      // The token comes from the previous launched step's sampling, into this slot.
+      auto it = last_slots_.find(s.request_id);
+      if (it == last_slots_.end() || it->second != s.state_slot) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "request ", s.request_id,
+            ": a deferred token, but the previous launched step did not sample it in slot ",
+            s.state_slot));
+      }
+      if (counts) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "request ", s.request_id, ": a deferred token cannot feed penalty counts"));
+      }
+    }
+    if (counts) {
       penalties = true;
       counted_tokens += static_cast<int64_t>(s.tokens.size());
       resets += s.start_pos == 0 ? 1 : 0;
@@ -218,6 +263,7 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
 
   // The graph to run: the plan's, unless this step cannot use it.
   GraphMode mode = plan.graph_mode;
+  GraphRun& graph = f.graph;
   const int64_t T = plan.num_tokens(), S = static_cast<int64_t>(plan.seqs.size());
   const int32_t padded = plan.padded_tokens;
   const int32_t padded_seqs = std::min(padded, model_->cache().num_slots + 1);
@@ -228,17 +274,18 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
     // Op profiling times eager launches only.
     if (options_.enforce_eager || !fits || !full_ok || backend_->profile() != nullptr) {
       mode = GraphMode::kEager;
-      result.graph.fallback = true;
+      graph.fallback = true;
       ++stats_.fallbacks;
     }
   }
-  result.graph.mode = mode;
+  graph.mode = mode;
   const bool full = mode == GraphMode::kFull;
   // FULL graphs sample one row per padded sequence (row i = sequence i); otherwise one row per
   // sampled sequence.
   const int64_t sample_rows = full ? padded_seqs : rows;
 
-  // Host staging: sampling rows, mask ids, count updates; one transfer.
+  // Host staging: sampling rows, mask ids, count updates; one transfer. Two sets, by the parity of
+  // the launch: the step still in flight keeps its own (its results land in it).
   Packer pack;
   const size_t at_rows = pack.Add<cuda::SampleRow>(sample_rows);
   const size_t at_mask = pack.Add<int32_t>(masked);
@@ -247,14 +294,15 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
   const size_t at_ctok = pack.Add<int32_t>(counted_tokens);
   const size_t at_cout = pack.Add<uint8_t>(counted_tokens);
   const size_t at_out = pack.Add<cuda::SampleOut>(sample_rows);
-  if (staging_.bytes() < pack.size()) {
+  Staging& st = staging_[launches_ % 2];
+  if (st.host.bytes() < pack.size()) {
     const size_t cap = pack.size() * 2;
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(backend_->stream()));
-    ASSIGN_OR_RETURN(staging_, AllocPinned(cap));
-    ASSIGN_OR_RETURN(staging_dev_, AllocDevice(cap));
+    ASSIGN_OR_RETURN(st.host, AllocPinned(cap));
+    ASSIGN_OR_RETURN(st.dev, AllocDevice(cap));
   }
-  char* h = static_cast<char*>(staging_.get());
-  char* d = static_cast<char*>(staging_dev_.get());
+  char* h = static_cast<char*>(st.host.get());
+  char* d = static_cast<char*>(st.dev.get());
   auto* sample_rows_h = reinterpret_cast<cuda::SampleRow*>(h + at_rows);
   auto* mask = reinterpret_cast<int32_t*>(h + at_mask);
   auto* reset = reinterpret_cast<int32_t*>(h + at_reset);
@@ -262,6 +310,7 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
   auto* ctok = reinterpret_cast<int32_t*>(h + at_ctok);
   auto* cout = reinterpret_cast<uint8_t*>(h + at_cout);
   if (full) std::fill(sample_rows_h, sample_rows_h + sample_rows, InertRow());
+  std::map<uint64_t, int32_t> sampled_slots;
   int64_t r = 0, m = 0, nr = 0, nc = 0;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& s = plan.seqs[i];
@@ -277,7 +326,8 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
     }
     if (!s.sample) continue;
     const SamplingSpec& spec = *s.sampling;
-    cuda::SampleRow& row = sample_rows_h[full ? static_cast<int64_t>(i) : r++];
+    const int64_t out_row = full ? static_cast<int64_t>(i) : r++;
+    cuda::SampleRow& row = sample_rows_h[out_row];
     row.temperature = spec.temperature;
     row.top_p = spec.top_p;
     row.min_p = spec.min_p;
@@ -291,8 +341,11 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
     row.counts_row = counts ? s.state_slot : -1;
     row.mask_offset = static_cast<int32_t>(m);
     row.mask_count = static_cast<int32_t>(spec.min_tokens_mask.size());
+    row.slot = s.state_slot;
     row.seed = spec.seed;
     for (int32_t id : spec.min_tokens_mask) mask[m++] = id;
+    f.rows.push_back({s.request_id, out_row, row.logprobs});
+    sampled_slots[s.request_id] = s.state_slot;
   }
 
   std::vector<int32_t> seq_rows;
@@ -303,9 +356,9 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
     options.padded_seqs = padded_seqs;
     options.logits_per_seq = full;
   }
-  const auto t_prepare = std::chrono::steady_clock::now();
+  f.t_prepare = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(model_->PrepareStep(steps, options, &seq_rows));
-  const auto t_prepared = std::chrono::steady_clock::now();
+  f.t_prepared = std::chrono::steady_clock::now();
   cudaStream_t stream = backend_->stream();
   // Everything before the outputs; a FULL step's rows and mask go straight into its graph's own
   // buffer (RunFull), so only the count updates come through here (nothing without penalties).
@@ -316,6 +369,7 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
   }
   auto* seen = static_cast<int32_t*>(seen_.get());
   auto* outputs = static_cast<int32_t*>(outputs_.get());
+  auto* slot_tokens = static_cast<int32_t*>(slot_tokens_.get());
   const int64_t vocab = model_->config().vocab_size;
   if (penalties) {
     RETURN_IF_ERROR(cuda::UpdateCounts(reinterpret_cast<const int32_t*>(d + at_reset), nr,
@@ -325,10 +379,9 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
                                        seen, outputs, stream));
   }
   const void* outs_dev = d + at_out;
-  if (time_steps_) CUDA_RETURN_IF_ERROR(cudaEventRecord(step_begin_.get(), stream));
+  if (time_steps_) CUDA_RETURN_IF_ERROR(cudaEventRecord(st.begin.get(), stream));
   if (full) {
-    RETURN_IF_ERROR(
-        RunFull(padded, sample_rows, sample_rows_h, mask, masked, &result.graph, &outs_dev));
+    RETURN_IF_ERROR(RunFull(padded, sample_rows, sample_rows_h, mask, masked, &graph, &outs_dev));
   } else {
     absl::StatusOr<Tensor> logits;
     if (mode == GraphMode::kPiecewise) {
@@ -347,13 +400,13 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
       }
       if (capture) {
         e.baked = std::move(baked);
-        ++result.graph.captures;
+        ++graph.captures;
         ++stats_.piecewise_captures;
-        result.graph.capture_seconds += Since(tc);
+        graph.capture_seconds += Since(tc);
       } else {
         ++stats_.piecewise_replays;
       }
-      for (const CudaGraphExec& seg : e.graph.segments) result.graph.replays += seg.empty() ? 0 : 1;
+      for (const CudaGraphExec& seg : e.graph.segments) graph.replays += seg.empty() ? 0 : 1;
     } else {
       logits = model_->RunForward();
     }
@@ -364,49 +417,63 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
       RETURN_IF_ERROR(cuda::Sample(
           logits->ptr<float>(), rows, vocab, reinterpret_cast<const cuda::SampleRow*>(d + at_rows),
           reinterpret_cast<const int32_t*>(d + at_mask), seen, outputs, work.ptr<float>(),
-          reinterpret_cast<cuda::SampleOut*>(d + at_out), stream));
+          reinterpret_cast<cuda::SampleOut*>(d + at_out), slot_tokens, stream));
       if (OpProfile* prof = backend_->profile()) prof->End(stream);
     }
   }
-  if (time_steps_) CUDA_RETURN_IF_ERROR(cudaEventRecord(step_end_.get(), stream));
+  if (time_steps_) CUDA_RETURN_IF_ERROR(cudaEventRecord(st.end.get(), stream));
   if (sample_rows > 0) {
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h + at_out, outs_dev,
                                          sizeof(cuda::SampleOut) * sample_rows,
                                          cudaMemcpyDeviceToHost, stream));
   }
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(st.done.get(), stream));
   backend_->ProfileRelease();
-  const auto t_launched = std::chrono::steady_clock::now();
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  f.outs = reinterpret_cast<const cuda::SampleOut*>(h + at_out);
+  f.staging = &st;
+  f.t_launched = std::chrono::steady_clock::now();
+  f.launch_seconds = Since(t0);
+  ++launches_;
+  last_slots_ = std::move(sampled_slots);
+  flights_.push_back(std::move(f));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> CudaWorker::Collect() {
+  if (flights_.empty()) return absl::FailedPreconditionError("Collect with no launched step");
+  const auto t_wait = std::chrono::steady_clock::now();
+  Flight f = std::move(flights_.front());
+  flights_.pop_front();
+  StepResult result;
+  result.step_id = f.step_id;
+  result.graph = f.graph;
+  if (f.staging == nullptr) return result;  // an empty plan
+  CUDA_RETURN_IF_ERROR(cudaEventSynchronize(f.staging->done.get()));
   const auto t_synced = std::chrono::steady_clock::now();
   if (time_steps_) {
     float ms = 0;
-    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, step_begin_.get(), step_end_.get()));
+    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, f.staging->begin.get(), f.staging->end.get()));
     result.device_seconds = ms * 1e-3;
   }
   RETURN_IF_ERROR(backend_->ProfileCollect());
-  const auto* outs = reinterpret_cast<const cuda::SampleOut*>(h + at_out);
-  r = 0;
-  for (size_t i = 0; i < plan.seqs.size(); ++i) {
-    const ScheduledSeq& s = plan.seqs[i];
-    if (!s.sample) continue;
-    const cuda::SampleOut& o = outs[full ? static_cast<int64_t>(i) : r++];
+  for (const Flight::Row& row : f.rows) {
+    const cuda::SampleOut& o = f.outs[row.out_row];
     SampledToken t;
-    t.request_id = s.request_id;
+    t.request_id = row.request_id;
     t.token = o.token;
-    if (s.sampling->logprobs > 0) {
+    if (row.logprobs > 0) {
       t.logprob = o.logprob;
-      for (int k = 0; k < std::min(s.sampling->logprobs, cuda::kMaxLogprobs); ++k) {
-        t.top.emplace_back(o.top_ids[k], o.top_logprobs[k]);
-      }
+      for (int k = 0; k < row.logprobs; ++k) t.top.emplace_back(o.top_ids[k], o.top_logprobs[k]);
     }
     result.sampled.push_back(std::move(t));
   }
-  result.execute_seconds = Since(t0);
+  // The worker's own time for the step: its Launch call and this one.
+  result.execute_seconds = f.launch_seconds + Since(t_wait);
   // (The first 64k steps: a long-running server with the switch on keeps a bounded record.)
   if (time_steps_ && phases_.size() < (size_t{1} << 16)) {
     auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
-    phases_.push_back({secs(t0, t_prepare), secs(t_prepare, t_prepared),
-                       secs(t_prepared, t_launched), secs(t_launched, t_synced), Since(t_synced),
+    phases_.push_back({secs(f.t0, f.t_prepare), secs(f.t_prepare, f.t_prepared),
+                       secs(f.t_prepared, f.t_launched), secs(t_wait, t_synced), Since(t_synced),
                        result.device_seconds});
   }
   return result;

@@ -20,11 +20,14 @@
 #pragma once
 
 #include <array>
+#include <chrono>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/sampling.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/device_memory.h"
 #include "worker/cuda_plugin.h"
@@ -47,7 +50,15 @@ class CudaWorker final : public Worker {
                                                             CudaGraphOptions graphs = {});
   ~CudaWorker() override;
   WorkerInfo info() const override;
+  // Launch + Collect (nothing may be in flight).
   absl::StatusOr<StepResult> Execute(const StepPlan& plan) override;
+  // Queues the step on the stream and returns (Worker::Launch): the next step's host work (plan,
+  // metadata, uploads, graph launch) overlaps this one on the device. A deferred token is resolved
+  // on the device: the sampling leaves each row's token in a per-slot table and the next step's
+  // embedding reads it (cuda::DeferredTokens).
+  absl::Status Launch(const StepPlan& plan) override;
+  absl::StatusOr<StepResult> Collect() override;
+  int in_flight() const override { return static_cast<int>(flights_.size()); }
 
   Dsv4Model& model() { return *model_; }
   const CudaGraphStats& stats() const { return stats_; }
@@ -68,6 +79,29 @@ class CudaWorker final : public Worker {
     std::vector<uintptr_t> baked;
   };
 
+  // One of two staging sets, used by launches of alternating parity: the step in flight keeps its
+  // sampling rows and its results' landing area while the next one is staged.
+  struct Staging {
+    PinnedBuffer host;
+    DeviceBuffer dev;
+    CudaEvent done;        // after the results' copy back
+    CudaEvent begin, end;  // DSV4_STEP_DEVICE_TIME=1: around the forward and sampling
+  };
+  struct Flight {
+    struct Row {
+      uint64_t request_id = 0;
+      int64_t out_row = 0;
+      int32_t logprobs = 0;
+    };
+    uint64_t step_id = 0;
+    std::vector<Row> rows;                  // the plan's sampled entries, in order
+    const cuda::SampleOut* outs = nullptr;  // in the staging's host buffer
+    Staging* staging = nullptr;             // null: an empty plan
+    GraphRun graph;
+    std::chrono::steady_clock::time_point t0, t_prepare, t_prepared, t_launched;
+    double launch_seconds = 0;
+  };
+
   CudaWorker() = default;
   absl::Status EnsureCounts();
   absl::Status RunFull(int32_t padded, int64_t rows, const void* host_rows, const void* host_mask,
@@ -77,12 +111,14 @@ class CudaWorker final : public Worker {
   CudaBackend* backend_ = nullptr;  // owned by model_
   CudaGraphOptions options_;
   DeviceBuffer seen_, outputs_;     // [slots, vocab] int32, allocated on first penalty use
-  PinnedBuffer staging_;
-  DeviceBuffer staging_dev_;
+  DeviceBuffer slot_tokens_;        // [slots] int32: each slot's last sampled token
+  std::array<Staging, 2> staging_;
+  uint64_t launches_ = 0;
+  std::deque<Flight> flights_;
+  std::map<uint64_t, int32_t> last_slots_;  // request -> slot, sampled by the last launched step
   // DSV4_STEP_DEVICE_TIME=1: timing events around each step's device work (device_seconds),
   // and the host's phases of each step, whose medians the destructor prints (where the host
   // time around the device's goes).
-  CudaEvent step_begin_, step_end_;
   bool time_steps_ = false;
   std::vector<std::array<double, 6>> phases_;
   std::map<int32_t, FullGraph> full_;

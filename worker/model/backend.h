@@ -188,6 +188,9 @@ class Backend {
   virtual absl::Status BeginStep(const StepMeta& meta) = 0;
   // A point of the forward pass (see StepMark); no-op by default.
   virtual absl::Status Mark(StepMark) { return absl::OkStatus(); }
+  // True when the backend resolves a token id of kDeferredToken (SequenceStep::deferred_token) on
+  // the device, from the token last sampled into the sequence's state slot.
+  virtual bool deferred_tokens() const { return false; }
   // Copies a tensor to host memory of at least src.nbytes() bytes; waits for completion.
   virtual absl::Status CopyToHost(const Tensor& src, void* dst) = 0;
   // Copies dst.nbytes() bytes of host memory into a tensor (tests and tools); waits for completion.

@@ -1,5 +1,7 @@
 #include "worker/model/dsv4_model.h"
 
+#include "common/step_plan.h"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -9,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "common/step_plan.h"
 #include "worker/model/weight_source.h"
 
 namespace dsv4 {
@@ -401,7 +404,18 @@ absl::Status Dsv4Model::ValidateStep(std::span<const SequenceStep> seqs) const {
     const SequenceStep& s = seqs[i];
     const std::string where = absl::StrCat("sequence ", i, ": ");
     if (s.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat(where, "no tokens"));
+    if (s.deferred_token) {
+      if (!backend_->deferred_tokens()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, "a deferred token needs a backend that resolves them on the device"));
+      }
+      if (s.tokens.size() != 1 || s.tokens[0] != kDeferredToken || s.state_slot < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, "a deferred token is one placeholder token in a state slot"));
+      }
+    }
     for (int32_t id : s.tokens) {
+      if (s.deferred_token) break;
       if (id < 0 || id >= config_.vocab_size) {
         return absl::InvalidArgumentError(absl::StrCat(where, "token id ", id,
                                                        " outside the vocabulary [0, ",

@@ -46,6 +46,9 @@ struct SequenceStep {
   int32_t state_slot = 0;
   std::span<const int32_t> block_table;   // covers positions [0, start_pos + tokens.size())
   enum class Logits { kNone, kLast, kAll } logits = Logits::kLast;
+  // tokens = {kDeferredToken}: the backend feeds the token last sampled into this state slot
+  // (Backend::deferred_tokens(); overlapped decode, see Worker::Launch).
+  bool deferred_token = false;
 };
 
 struct StepOptions {
