@@ -1,6 +1,7 @@
 #include "node/scheduler/scheduler.h"
 
 #include <algorithm>
+#include <optional>
 
 namespace dsv4 {
 
@@ -44,6 +45,8 @@ ScheduledSeq Scheduler::Emit(Req* r, int32_t n) const {
   s.prompt_len = static_cast<int32_t>(r->r.prompt.size());
   s.output_index = static_cast<int32_t>(r->output.size());
   s.sampling = r->r.sampling;
+  // Only a decode token can be pending (prefill chunks never reach an unknown output).
+  s.deferred_token = r->pending > 0 && n == 1 && r->computed == r->known() - r->pending;
   return s;
 }
 
@@ -136,7 +139,51 @@ void Scheduler::Commit(const StepPlan& plan) {
 
 void Scheduler::AppendToken(uint64_t id, int32_t token) {
   auto it = reqs_.find(id);
-  if (it != reqs_.end()) it->second.output.push_back(token);
+  if (it == reqs_.end()) return;
+  Req& r = it->second;
+  if (r.pending > 0) {
+    r.output[r.output.size() - r.pending] = token;
+    --r.pending;
+  } else {
+    r.output.push_back(token);
+  }
+}
+
+void Scheduler::AppendPending(uint64_t id) {
+  auto it = reqs_.find(id);
+  if (it == reqs_.end()) return;
+  it->second.output.push_back(kDeferredToken);
+  ++it->second.pending;
+}
+
+std::optional<StepPlan> Scheduler::ScheduleAhead(const std::function<bool(uint64_t)>& include) {
+  if (!waiting_.empty()) return std::nullopt;
+  std::vector<Req*> decodes;
+  int64_t new_blocks = 0;
+  for (uint64_t id : running_) {
+    Req& r = reqs_.at(id);
+    // The pending token is the only one not yet cached: it is the next decode input.
+    if (r.pending == 0 || r.known() - r.computed != 1) return std::nullopt;
+    if (!include(id)) continue;
+    decodes.push_back(&r);
+    new_blocks += std::max<int64_t>(
+        0, kv_->BlocksFor(r.computed + 1) - static_cast<int64_t>(r.kv.blocks.size()));
+  }
+  if (decodes.empty() || new_blocks > kv_->free_blocks() ||
+      static_cast<int64_t>(decodes.size()) > config_.max_batched_tokens) {
+    return std::nullopt;
+  }
+  StepPlan plan;
+  plan.step_id = next_step_++;
+  plan.seqs.reserve(decodes.size());
+  for (Req* r : decodes) {
+    kv_->Reserve(&r->kv, r->computed + 1);  // fits: counted above
+    plan.seqs.push_back(Emit(r, 1));
+    r->scheduled_step = plan.step_id;
+  }
+  plan.released = std::move(releases_);
+  releases_.clear();
+  return plan;
 }
 
 bool Scheduler::Remove(uint64_t id) {

@@ -9,12 +9,19 @@
 //   3. waiting requests are admitted first come, first served while a state slot, KV blocks and
 //      budget are available; admission stops at the first that does not fit (no overtaking).
 // Prefill chunks are capped by the budget and by max_prefill_chunk.
+//
+// Overlapped decode (the engine's step N+1 planned while step N runs): AppendPending records that a
+// launched step samples a request's next token; ScheduleAhead plans the next decode step with that
+// token deferred (ScheduledSeq::deferred_token); AppendToken later fills the oldest pending token
+// in. Schedule itself is only called with no token pending.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "common/step_plan.h"
@@ -44,8 +51,18 @@ class Scheduler {
   StepPlan Schedule(std::vector<uint64_t>* preempted);
   // Records that the worker ran `plan`: the scheduled tokens are now cached.
   void Commit(const StepPlan& plan);
-  // A sampled token the request keeps: it is fed in a later step.
+  // A sampled token the request keeps: it is fed in a later step. With tokens pending, it is the
+  // oldest pending one.
   void AppendToken(uint64_t id, int32_t token);
+  // A launched step samples the request's next token; its value comes later (AppendToken).
+  void AppendPending(uint64_t id);
+  // The next decode step, planned while the step sampling the running requests' pending tokens is
+  // still in flight: one deferred token for each running request with a pending token for which
+  // `include` is true (false: that token is known to be its last, e.g. at max_tokens). nullopt
+  // when the step must wait for the results: a request is waiting for admission, a running
+  // request has no token pending (a prefill in progress), or the KV blocks the step needs are
+  // not free (planning it would preempt).
+  std::optional<StepPlan> ScheduleAhead(const std::function<bool(uint64_t)>& include);
   // Drops a request (finished, aborted or failed) and frees its KV; its worker state is released
   // with the next plan. False if unknown.
   bool Remove(uint64_t id);
@@ -68,6 +85,7 @@ class Scheduler {
     KvAllocation kv;
     bool running = false;
     int32_t preemptions = 0;
+    int32_t pending = 0;  // trailing outputs whose value an in-flight step has not returned yet
     uint64_t scheduled_step = ~uint64_t{0};  // the step that last scheduled it
     int64_t known() const { return static_cast<int64_t>(r.prompt.size() + output.size()); }
     int32_t Token(int64_t i) const {

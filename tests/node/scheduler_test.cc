@@ -2,7 +2,9 @@
 // of (request, output index), so every iteration's expectations are exact.
 #include "node/scheduler/scheduler.h"
 
+#include <deque>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -215,6 +217,168 @@ TEST(Scheduler, Deterministic) {
     return log;
   };
   EXPECT_EQ(run(), run());
+}
+
+// The engine's overlapped loop: a step is launched (committed, its samples pending), the next
+// decode step is planned ahead while it is "in flight", then the oldest step is collected.
+class OverlapLoop {
+ public:
+  OverlapLoop(int32_t blocks, int32_t slots, int32_t block_size, SchedulerConfig cfg)
+      : kv_(blocks, slots, block_size), sched_(cfg, &kv_) {}
+
+  void Add(uint64_t id, int prompt_len, int max_tokens) {
+    SchedRequest r;
+    r.id = id;
+    for (int i = 0; i < prompt_len; ++i) r.prompt.push_back(static_cast<int32_t>(100 + i));
+    r.sampling = std::make_shared<SamplingSpec>();
+    max_tokens_[id] = max_tokens;
+    sched_.Add(std::move(r));
+  }
+
+  void Launch(const StepPlan& plan) {
+    for (const ScheduledSeq& s : plan.seqs) {
+      EXPECT_GE(static_cast<int64_t>(s.block_table.size()) * kv_.block_size(),
+                static_cast<int64_t>(s.start_pos + s.tokens.size()));
+      if (s.deferred_token) {
+        // The token the previous launched step samples for it.
+        EXPECT_EQ(s.tokens, std::vector<int32_t>{kDeferredToken});
+        ASSERT_FALSE(in_flight_.empty());
+        bool sampled = false;
+        for (const ScheduledSeq& p : in_flight_.back().seqs) {
+          sampled |= p.request_id == s.request_id && p.sample;
+        }
+        EXPECT_TRUE(sampled) << s.request_id;
+        ++deferred_;
+      } else {
+        for (int32_t t : s.tokens) EXPECT_GE(t, 0);
+      }
+    }
+    sched_.Commit(plan);
+    for (const ScheduledSeq& s : plan.seqs) {
+      if (s.sample) sched_.AppendPending(s.request_id);
+    }
+    in_flight_.push_back(plan);
+  }
+
+  void Collect() {
+    const StepPlan plan = in_flight_.front();
+    in_flight_.pop_front();
+    for (const ScheduledSeq& s : plan.seqs) {
+      if (!s.sample || !sched_.Has(s.request_id)) continue;  // finished since: row dropped
+      const int32_t t = FakeToken(s.request_id, s.output_index);
+      auto& got = outputs_[s.request_id];
+      got.push_back(t);
+      if (static_cast<int>(got.size()) == max_tokens_[s.request_id]) {
+        sched_.Remove(s.request_id);
+      } else {
+        sched_.AppendToken(s.request_id, t);
+      }
+    }
+  }
+
+  void Step() {
+    if (in_flight_.empty()) {
+      std::vector<uint64_t> preempted;
+      StepPlan plan = sched_.Schedule(&preempted);
+      if (plan.seqs.empty()) return;
+      Launch(plan);
+    }
+    std::optional<StepPlan> ahead = sched_.ScheduleAhead(
+        [&](uint64_t id) { return static_cast<int>(outputs_[id].size()) + 1 < max_tokens_[id]; });
+    if (ahead.has_value()) {
+      ++ahead_;
+      Launch(*ahead);
+    }
+    Collect();
+  }
+
+  void RunToCompletion(int max_steps = 10000) {
+    for (int i = 0; i < max_steps && !(sched_.idle() && in_flight_.empty()); ++i) Step();
+    EXPECT_TRUE(sched_.idle());
+  }
+
+  KvBlockManager kv_;
+  Scheduler sched_;
+  std::deque<StepPlan> in_flight_;
+  std::map<uint64_t, int> max_tokens_;
+  std::map<uint64_t, std::vector<int32_t>> outputs_;
+  int ahead_ = 0, deferred_ = 0;
+};
+
+TEST(SchedulerOverlap, AheadStepsDeferTokensAndGiveTheSameOutputs) {
+  // Staggered lengths: requests finish (by length) while others decode, and late arrivals wait
+  // for a synchronous step to be admitted.
+  SimLoop sync(64, 4, 4, SchedulerConfig{4, 16, 0});
+  OverlapLoop overlap(64, 4, 4, SchedulerConfig{4, 16, 0});
+  for (uint64_t id = 1; id <= 6; ++id) {
+    sync.Add(id, static_cast<int>(2 + id), static_cast<int>(3 + 2 * id));
+    overlap.Add(id, static_cast<int>(2 + id), static_cast<int>(3 + 2 * id));
+  }
+  sync.RunToCompletion();
+  overlap.RunToCompletion();
+  EXPECT_EQ(overlap.outputs_, sync.outputs_);
+  EXPECT_GT(overlap.ahead_, 10);
+  EXPECT_GE(overlap.deferred_, overlap.ahead_);
+  EXPECT_EQ(overlap.kv_.free_blocks(), 64);
+  EXPECT_EQ(overlap.kv_.free_slots(), 4);
+}
+
+TEST(SchedulerOverlap, AheadWaitsWhenTheStepNeedsResults) {
+  OverlapLoop loop(64, 4, 4, SchedulerConfig{4, 16, 0});
+  auto all = [](uint64_t) { return true; };
+  loop.Add(1, 3, 100);
+  std::vector<uint64_t> preempted;
+  StepPlan first = loop.sched_.Schedule(&preempted);
+  // Nothing launched: no token is pending.
+  EXPECT_FALSE(loop.sched_.ScheduleAhead(all).has_value());
+  loop.Launch(first);
+  std::optional<StepPlan> ahead = loop.sched_.ScheduleAhead(all);
+  ASSERT_TRUE(ahead.has_value());
+  ASSERT_EQ(ahead->seqs.size(), 1u);
+  EXPECT_TRUE(ahead->seqs[0].deferred_token);
+  EXPECT_EQ(ahead->seqs[0].start_pos, 3);
+  EXPECT_EQ(ahead->seqs[0].output_index, 1);
+  loop.Launch(*ahead);
+  // Two tokens pending: the first result fills the older one.
+  loop.Collect();
+  EXPECT_EQ(*loop.sched_.Output(1), (std::vector<int32_t>{FakeToken(1, 0), kDeferredToken}));
+  loop.Collect();
+  EXPECT_EQ(*loop.sched_.Output(1), (std::vector<int32_t>{FakeToken(1, 0), FakeToken(1, 1)}));
+
+  // A waiting request: the next step admits it, so it waits for the results.
+  loop.Launch(loop.sched_.Schedule(&preempted));
+  loop.Add(2, 3, 100);
+  EXPECT_FALSE(loop.sched_.ScheduleAhead(all).has_value());
+  loop.Collect();
+  // Admitted with a chunked prefill in progress (budget 2): no pending token for request 2.
+  OverlapLoop chunked(64, 4, 4, SchedulerConfig{4, 2, 0});
+  chunked.Add(1, 5, 100);
+  chunked.Launch(chunked.sched_.Schedule(&preempted));
+  EXPECT_FALSE(chunked.sched_.ScheduleAhead(all).has_value());
+
+  // A request left out (its pending token is its last), the others planned.
+  OverlapLoop two(64, 4, 4, SchedulerConfig{4, 16, 0});
+  two.Add(1, 3, 100);
+  two.Add(2, 3, 100);
+  two.Launch(two.sched_.Schedule(&preempted));
+  ahead = two.sched_.ScheduleAhead([](uint64_t id) { return id != 1; });
+  ASSERT_TRUE(ahead.has_value());
+  ASSERT_EQ(ahead->seqs.size(), 1u);
+  EXPECT_EQ(ahead->seqs[0].request_id, 2u);
+}
+
+TEST(SchedulerOverlap, AheadNeverPreempts) {
+  // 2 blocks of 4 tokens: request 1 (prompt 4) fills one, request 2 (prompt 4) the other; their
+  // next tokens each need a new block, which only preemption could give.
+  OverlapLoop loop(2, 2, 4, SchedulerConfig{2, 16, 0});
+  loop.Add(1, 4, 100);
+  loop.Add(2, 4, 100);
+  std::vector<uint64_t> preempted;
+  loop.Launch(loop.sched_.Schedule(&preempted));
+  EXPECT_EQ(loop.kv_.free_blocks(), 0);
+  EXPECT_FALSE(loop.sched_.ScheduleAhead([](uint64_t) { return true; }).has_value());
+  EXPECT_EQ(loop.kv_.free_blocks(), 0);
+  EXPECT_EQ(loop.sched_.num_running(), 2u);
 }
 
 }  // namespace
