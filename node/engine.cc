@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/status.h"
 
 namespace dsv4 {
 namespace {
@@ -30,6 +31,14 @@ v1::Channel ToChannel(Phase p) {
 
 }  // namespace
 
+absl::StatusOr<OverlapMode> ParseOverlapMode(std::string_view s) {
+  if (s == "auto") return OverlapMode::kAuto;
+  if (s == "on") return OverlapMode::kOn;
+  if (s == "off") return OverlapMode::kOff;
+  return absl::InvalidArgumentError(
+      absl::StrCat("overlap mode must be auto, on or off, got '", AV(s), "'"));
+}
+
 Engine::Engine(EngineConfig config, std::unique_ptr<Worker> worker, const Tokenizer* tokenizer,
                NodeMetrics* metrics)
     : config_(config),
@@ -39,6 +48,8 @@ Engine::Engine(EngineConfig config, std::unique_ptr<Worker> worker, const Tokeni
       metrics_(metrics),
       kv_(worker_info_.num_blocks, worker_info_.num_slots, worker_info_.block_size),
       scheduler_(config.scheduler, &kv_) {
+  overlap_ = config.overlap == OverlapMode::kOn ||
+             (config.overlap == OverlapMode::kAuto && worker_info_.overlap);
   stats_.total_blocks = worker_info_.num_blocks;
   stats_.free_blocks = worker_info_.num_blocks;
   stats_.free_slots = worker_info_.num_slots;
@@ -128,7 +139,7 @@ void Engine::Loop() {
     bool stop;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      const bool busy = !scheduler_.idle();
+      const bool busy = !scheduler_.idle() || !in_flight_.empty();
       cv_.wait(lock, [&] { return stop_ || busy || !inbox_.empty() || !aborts_.empty(); });
       inbox.swap(inbox_);
       aborts.swap(aborts_);
@@ -159,10 +170,11 @@ void Engine::Loop() {
         Finish(&r, FinishReason::kCancelled, StopInfo{}, "the node stopped", r.processor->Flush(),
                "", phase);
       }
+      DrainInFlight();
       PublishStats();
       return;
     }
-    const bool progressed = !scheduler_.idle() && RunStep();
+    const bool progressed = (!scheduler_.idle() || !in_flight_.empty()) && RunStep();
     PublishStats();
     if (!progressed && !scheduler_.idle()) {
       // Nothing fits right now (should not persist: admission checks the KV capacity); wait
@@ -191,6 +203,10 @@ void Engine::Admit(Pending p) {
     metrics_->prompt_tokens->Increment(r.prompt_tokens);
     metrics_->request_prompt_tokens->Observe(r.prompt_tokens);
   }
+  const SamplingSpec& spec = *p.request.sampling;
+  r.penalties = spec.repetition_penalty != 1.0f || spec.presence_penalty != 0.0f ||
+                spec.frequency_penalty != 0.0f;
+  penalty_requests_ += r.penalties ? 1 : 0;
   SchedRequest s;
   s.id = r.id;
   s.prompt = std::move(p.request.prompt);
@@ -200,16 +216,38 @@ void Engine::Admit(Pending p) {
 }
 
 bool Engine::RunStep() {
-  const auto t0 = Clock::now();
-  std::vector<uint64_t> preempted;
-  StepPlan plan = scheduler_.Schedule(&preempted);
+  if (in_flight_.empty()) {
+    const auto t0 = Clock::now();
+    std::vector<uint64_t> preempted;
+    StepPlan plan = scheduler_.Schedule(&preempted);
+    preemptions_ += preempted.size();
+    if (metrics_ && !preempted.empty()) {
+      metrics_->preemptions->Increment(static_cast<double>(preempted.size()));
+    }
+    if (plan.seqs.empty() && plan.released.empty()) return false;
+    if (!LaunchStep(std::move(plan), t0)) return true;
+  }
+  // Overlap: the next decode step goes out before this one's results come back; its requests'
+  // inputs are the tokens this step samples. A request whose pending token is its last by length
+  // stays out of it (one that stops otherwise runs one wasted row, whose result is dropped).
+  if (overlap_ && penalty_requests_ == 0 &&
+      static_cast<int>(in_flight_.size()) < Worker::kMaxInFlight) {
+    const auto t0 = Clock::now();
+    std::optional<StepPlan> ahead = scheduler_.ScheduleAhead([&](uint64_t id) {
+      const Live& r = live_.at(id);
+      return r.processor->completion_tokens() + 1 < r.processor->max_tokens();
+    });
+    if (ahead.has_value() && LaunchStep(*std::move(ahead), t0)) ++overlapped_steps_;
+  }
+  CollectStep();
+  return true;
+}
+
+bool Engine::LaunchStep(StepPlan plan, Clock::time_point t0) {
   plan.force_indexer_scoring = config_.force_indexer_scoring;
   const GraphChoice graph = ChooseGraph(plan, config_.graphs, worker_info_.cuda_graphs);
   plan.graph_mode = graph.mode;
   plan.padded_tokens = graph.padded_tokens;
-  preemptions_ += preempted.size();
-  if (metrics_ && !preempted.empty()) metrics_->preemptions->Increment(static_cast<double>(preempted.size()));
-  if (plan.seqs.empty() && plan.released.empty()) return false;
   for (const ScheduledSeq& s : plan.seqs) {
     Live& r = live_.at(s.request_id);
     if (!r.scheduled) {
@@ -218,7 +256,33 @@ bool Engine::RunStep() {
       if (r.metrics) r.metrics->queue_time->Observe(Seconds(t0 - r.arrival));
     }
   }
-  auto result = worker_->Execute(plan);
+  const absl::Status launched = worker_->Launch(plan);
+  if (!launched.ok()) {
+    LogError("worker_step_failed", {{"step", static_cast<int64_t>(plan.step_id)},
+                                    {"error", std::string(launched.message())}});
+    if (metrics_) {
+      metrics_->worker_errors->Increment();
+      metrics_->worker_up->Set(0);
+    }
+    std::vector<uint64_t> ids;
+    for (const ScheduledSeq& s : plan.seqs) ids.push_back(s.request_id);
+    FailAll(ids, launched);
+    return false;
+  }
+  // The step's tokens count as cached from now on; what it samples is pending until collected.
+  scheduler_.Commit(plan);
+  for (const ScheduledSeq& s : plan.seqs) {
+    if (s.sample) scheduler_.AppendPending(s.request_id);
+  }
+  in_flight_.push_back(InFlight{std::move(plan), graph, t0});
+  return true;
+}
+
+void Engine::CollectStep() {
+  InFlight f = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  const StepPlan& plan = f.plan;
+  auto result = worker_->Collect();
   if (!result.ok()) {
     LogError("worker_step_failed", {{"step", static_cast<int64_t>(plan.step_id)},
                                     {"error", std::string(result.status().message())}});
@@ -226,10 +290,16 @@ bool Engine::RunStep() {
       metrics_->worker_errors->Increment();
       metrics_->worker_up->Set(0);
     }
+    // A later launched step fed on this one's tokens: it fails with it.
     std::vector<uint64_t> ids;
     for (const ScheduledSeq& s : plan.seqs) ids.push_back(s.request_id);
+    while (!in_flight_.empty()) {
+      for (const ScheduledSeq& s : in_flight_.front().plan.seqs) ids.push_back(s.request_id);
+      in_flight_.pop_front();
+      (void)worker_->Collect();
+    }
     FailAll(ids, result.status());
-    return true;
+    return;
   }
   if (result->graph.capture_failures > 0) {
     LogError("graph_capture_failed", {{"step", static_cast<int64_t>(plan.step_id)},
@@ -238,11 +308,11 @@ bool Engine::RunStep() {
   }
   if (metrics_) {
     metrics_->worker_up->Set(1);
-    RecordGraphRun(graph, result->graph);
+    RecordGraphRun(f.graph, result->graph);
   }
-  scheduler_.Commit(plan);
   const auto now = Clock::now();
   for (const SampledToken& t : result->sampled) {
+    // Requests that finished or were aborted since the launch: their rows are dropped.
     auto it = live_.find(t.request_id);
     if (it == live_.end()) continue;
     Live& r = it->second;
@@ -285,12 +355,20 @@ bool Engine::RunStep() {
     }
   }
   if (metrics_) {
-    // Labelled by what ran: a planned graph the worker could not run counts as eager.
-    metrics_->StepDuration(GraphModeName(result->graph.mode))
-        .Observe(Seconds(Clock::now() - t0));
+    // Labelled by what ran: a planned graph the worker could not run counts as eager. An
+    // overlapped step is timed from the previous step's results (it was planned during it).
+    const auto from = std::max(f.t0, last_collect_);
+    metrics_->StepDuration(GraphModeName(result->graph.mode)).Observe(Seconds(Clock::now() - from));
     metrics_->step_batch_tokens->Observe(static_cast<double>(plan.num_tokens()));
   }
-  return true;
+  last_collect_ = Clock::now();
+}
+
+void Engine::DrainInFlight() {
+  while (!in_flight_.empty()) {
+    in_flight_.pop_front();
+    (void)worker_->Collect();
+  }
 }
 
 void Engine::RecordGraphRun(const GraphChoice& planned, const GraphRun& ran) {
@@ -369,6 +447,7 @@ void Engine::Finish(Live* r, FinishReason reason, const StopInfo& stop, const st
   }
   r->sink->Emit(std::move(resp), /*last=*/true);
   scheduler_.Remove(r->id);
+  penalty_requests_ -= r->penalties ? 1 : 0;
   const std::string name = r->name;
   live_.erase(r->id);
   std::lock_guard<std::mutex> lock(mu_);
@@ -390,6 +469,7 @@ void Engine::FailAll(const std::vector<uint64_t>& ids, const absl::Status& statu
     if (r.metrics) r.metrics->Finished(FinishReason::kError, r.processor->phase()).Increment();
     r.sink->Emit(std::move(resp), /*last=*/true);
     scheduler_.Remove(id);
+    penalty_requests_ -= r.penalties ? 1 : 0;
     const std::string name = r.name;
     live_.erase(it);
     std::lock_guard<std::mutex> lock(mu_);
@@ -415,6 +495,7 @@ void Engine::PublishStats() {
   std::lock_guard<std::mutex> lock(mu_);
   RefreshCounts();
   stats_.preemptions = preemptions_;
+  stats_.overlapped_steps = overlapped_steps_;
   ++stats_.steps;
   if (metrics_) {
     metrics_->running->Set(stats_.running);

@@ -51,12 +51,20 @@ class PromiseSink final : public RequestSink {
   std::promise<v1::GenerateResponse> done_;
 };
 
+// Overlapped decode: plan and queue step N+1 while step N runs on the worker (Worker::Launch), its
+// inputs being the tokens N samples (deferred, resolved by the worker). kAuto: when the worker
+// supports it (WorkerInfo::overlap, the GPU worker). Only steady decode overlaps: a step that
+// admits, prefills or must preempt, or a batch with penalties, waits for the previous results.
+enum class OverlapMode { kAuto, kOn, kOff };
+absl::StatusOr<OverlapMode> ParseOverlapMode(std::string_view s);
+
 struct EngineConfig {
   SchedulerConfig scheduler;
   int32_t max_waiting = 256;           // queued (not yet running) requests; more = RESOURCE_EXHAUSTED
   bool force_indexer_scoring = false;  // passed to every step
   // CUDA graphs: each step's mode and padding (graph_policy.h), only when the worker runs graphs.
   GraphConfig graphs;
+  OverlapMode overlap = OverlapMode::kAuto;
 };
 
 struct EngineStats {
@@ -69,6 +77,7 @@ struct EngineStats {
   double kv_usage = 0;
   uint64_t steps = 0;
   uint64_t preemptions = 0;
+  uint64_t overlapped_steps = 0;  // launched while the previous step was still running
 };
 
 class Engine {
@@ -96,6 +105,7 @@ class Engine {
 
   EngineStats stats() const;
   const WorkerInfo& worker_info() const { return worker_info_; }
+  bool overlap() const { return overlap_; }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -110,6 +120,7 @@ class Engine {
     bool scheduled = false;
     bool has_token = false;
     bool repetition = false;
+    bool penalties = false;
     NodeMetrics* metrics = nullptr;  // null for internal requests
   };
   struct Pending {
@@ -119,10 +130,24 @@ class Engine {
     Clock::time_point arrival;
   };
 
+  // A step launched on the worker and not yet collected.
+  struct InFlight {
+    StepPlan plan;
+    GraphChoice graph;
+    Clock::time_point t0;  // planning began
+  };
+
   void Loop();
   void Admit(Pending p);
-  // Returns false when nothing could be scheduled.
+  // Returns false when nothing could be scheduled. With overlap, launches the next decode step
+  // before collecting the one in flight.
   bool RunStep();
+  // Launches a planned step; false when the worker refused it (its requests are failed).
+  bool LaunchStep(StepPlan plan, Clock::time_point t0);
+  // Collects the oldest launched step and streams its tokens.
+  void CollectStep();
+  // Collects every launched step, dropping the results (stop).
+  void DrainInFlight();
   // Graph metrics of one executed step: `planned` by ChooseGraph, `ran` as the worker reports it.
   void RecordGraphRun(const GraphChoice& planned, const GraphRun& ran);
   // Emits the final event and drops the request everywhere.
@@ -143,6 +168,11 @@ class Engine {
   // Engine-thread state.
   std::map<uint64_t, Live> live_;
   uint64_t preemptions_ = 0;
+  bool overlap_ = false;
+  std::deque<InFlight> in_flight_;
+  int32_t penalty_requests_ = 0;  // live requests whose sampling uses penalties (no overlap)
+  Clock::time_point last_collect_;
+  uint64_t overlapped_steps_ = 0;
 
   // Shared state.
   mutable std::mutex mu_;

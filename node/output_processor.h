@@ -69,6 +69,7 @@ class OutputProcessor {
 
   Phase phase() const { return phase_; }
   int32_t completion_tokens() const { return completion_; }
+  int32_t max_tokens() const { return opt_.max_tokens; }
   int32_t reasoning_tokens() const { return reasoning_; }
   int32_t content_tokens() const { return completion_ - reasoning_; }
   int64_t content_text_bytes() const { return content_bytes_; }

@@ -94,6 +94,7 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
   ec.max_waiting = o.max_waiting;
   ec.force_indexer_scoring = o.force_indexer_scoring;
   ec.graphs = graphs;
+  ASSIGN_OR_RETURN(ec.overlap, ParseOverlapMode(o.overlap));
   // worker_graphs=false (the CPU worker) means every step runs eagerly whatever the mode says.
   LogInfo("cuda_graphs", {{"mode", CudaGraphModeName(graphs.mode)},
                           {"enforce_eager", o.enforce_eager},
@@ -101,6 +102,7 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
                           {"capture_sizes", CaptureSizesString(graphs.capture_sizes)}});
   n->engine_ = std::make_unique<Engine>(ec, std::move(worker),
                                         n->tokenizer_.get(), n->metrics_.get());
+  LogInfo("overlap_steps", {{"mode", o.overlap}, {"active", n->engine_->overlap()}});
   n->engine_->Start();
   n->runtime_.engine = n->engine_.get();
   n->runtime_.tokenizer = n->tokenizer_.get();

@@ -40,6 +40,8 @@ struct NodeOptions {
   std::string cudagraph_mode = "full_and_piecewise";
   std::string cudagraph_capture_sizes;
   bool enforce_eager = false;
+  // Overlapped decode (engine.h OverlapMode): auto|on|off.
+  std::string overlap = "auto";
   RepetitionMode repetition_mode = RepetitionMode::kObserve;
   RepetitionConfig repetition;
 };

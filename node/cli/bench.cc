@@ -1,11 +1,13 @@
 // dsv4-node bench: prefill and decode throughput of one worker on this process (CPU or GPU),
-// through the same Worker::Execute path as serving (sampling included: on the GPU only token ids
-// come back). Decode can start from a synthetic context: `--contexts 1024,16384` places every
-// sequence at that position with its cache pages allocated (their contents are whatever the
-// pools hold), so a step reads and attends over a context of that length without a prefill.
-// Each row also prints the HBM roofline of the bytes the decode step must read, and the graph mode
-// the worker actually ran for the prefill and the timed decode steps (chosen per step as serving
-// does: --cudagraph-mode, --cudagraph-capture-sizes; the CPU worker always runs eagerly).
+// through the same Worker::Launch / Collect path as serving (sampling included: on the GPU only
+// token ids come back; --overlap-steps: each decode step launched before the previous one's
+// tokens are read, as serving overlaps them). Decode can start from a synthetic context:
+// `--contexts 1024,16384` places every sequence at that position with its cache pages allocated
+// (their contents are whatever the pools hold), so a step reads and attends over a context of that
+// length without a prefill. Each row also prints the HBM roofline of the bytes the decode step must
+// read, and the graph mode the worker actually ran for the prefill and the timed decode steps
+// (chosen per step as serving does: --cudagraph-mode, --cudagraph-capture-sizes; the CPU worker
+// always runs eagerly).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -17,6 +19,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/status.h"
 #include "node/cli/commands.h"
 #include "node/cli/model_flags.h"
 #include "node/scheduler/graph_policy.h"
@@ -81,6 +84,11 @@ class Bench final : public Command {
                    "list runs the table once per mode on the same loaded worker");
     app.add_option("--cudagraph-capture-sizes", graph_sizes_,
                    "graph batch sizes in tokens (default 1,2,4,8,16,24,...,512)");
+    app.add_option("--overlap-steps", overlap_,
+                   "decode as serving with --overlap-steps does: each step launched before the "
+                   "previous one's tokens are read, fed them on the device (auto: when the worker "
+                   "supports it)")
+        ->check(CLI::IsMember({"auto", "on", "off"}));
   }
 
   int Run() override {
@@ -108,11 +116,12 @@ class Bench final : public Command {
     const WorkerInfo info = (*worker)->info();
     const ModelConfig& config = flags_.config();
     const bool gpu = info.device != "cpu";
+    const bool overlap = overlap_ == "on" || (overlap_ == "auto" && info.overlap);
     const double mbytes = gpu && flags_.precision == "bf16" ? 2.0 : 4.0;
     std::printf("model: %s\n", config.Summary().c_str());
-    std::printf("device=%s precision=%s prompt_len=%d decode_steps=%d repeats=%d\n",
+    std::printf("device=%s precision=%s prompt_len=%d decode_steps=%d repeats=%d overlap=%s\n",
                 info.device.c_str(), gpu ? flags_.precision.c_str() : "fp32", prompt_len_,
-                decode_steps_, repeats_);
+                decode_steps_, repeats_, overlap ? "on" : "off");
     for (const GraphConfig& mode : modes) {
       graphs = &mode;
       std::printf(
@@ -125,13 +134,18 @@ class Bench final : public Command {
       std::mt19937 rng(1234);
       auto spec = std::make_shared<SamplingSpec>();  // greedy
       uint64_t step_id = 0;
-      // Runs one step with the graph the coordinator would choose for it.
-      auto execute = [&](StepPlan& plan) {
+      // The graph the coordinator would choose for a step.
+      auto choose = [&](StepPlan& plan) {
         const GraphChoice g = ChooseGraph(plan, *graphs, info.cuda_graphs);
         plan.graph_mode = g.mode;
         plan.padded_tokens = g.padded_tokens;
         plan.step_id = ++step_id;
-        return (*worker)->Execute(plan);
+      };
+      // (Launch + Collect: the worker then knows the step's samples for a deferred next step.)
+      auto execute = [&](StepPlan& plan) -> absl::StatusOr<StepResult> {
+        choose(plan);
+        RETURN_IF_ERROR((*worker)->Launch(plan));
+        return (*worker)->Collect();
       };
       // The modes that ran, over every repeat: one name, or "mixed" when steps differed.
       auto note = [](std::string* seen, GraphMode m) {
@@ -189,19 +203,46 @@ class Bench final : public Command {
             // One untimed step (first-use plans and allocations), then the timed ones.
             Clock::time_point t2;
             double device = 0, execute_s = 0;
-            for (int d = 0; d <= decode_steps_; ++d) {
+            auto account = [&](const StepResult& r) {
+              note(&decode_graph, r.graph.mode);
+              device += r.device_seconds;
+              execute_s += r.execute_seconds;
+            };
+            auto advance = [&](StepPlan& p) {
+              for (auto& s : p.seqs) {
+                s.start_pos += 1;
+                s.output_index += 1;
+              }
+            };
+            for (int d = 0; d <= (overlap ? 1 : decode_steps_); ++d) {
               if (d == 1) t2 = Clock::now();
               auto r = execute(plan);
               if (!r.ok()) return Fail(r.status());
-              if (d >= 1) {
-                note(&decode_graph, r->graph.mode);
-                device += r->device_seconds;
-                execute_s += r->execute_seconds;
+              if (d >= 1) account(*r);
+              advance(plan);
+              for (int i = 0; i < batch; ++i) plan.seqs[i].tokens = {r->sampled[i].token};
+            }
+            if (overlap) {
+              // Steps 2..: each launched while the previous one runs, fed its tokens on the
+              // device; the last one is collected after the loop.
+              for (auto& s : plan.seqs) {
+                s.tokens = {kDeferredToken};
+                s.deferred_token = true;
               }
-              for (int i = 0; i < batch; ++i) {
-                plan.seqs[i].start_pos += 1;
-                plan.seqs[i].output_index += 1;
-                plan.seqs[i].tokens = {r->sampled[i].token};
+              for (int d = 2; d <= decode_steps_; ++d) {
+                choose(plan);
+                if (absl::Status st = (*worker)->Launch(plan); !st.ok()) return Fail(st);
+                advance(plan);
+                if (d > 2) {
+                  auto r = (*worker)->Collect();
+                  if (!r.ok()) return Fail(r.status());
+                  account(*r);
+                }
+              }
+              if (decode_steps_ >= 2) {
+                auto r = (*worker)->Collect();
+                if (!r.ok()) return Fail(r.status());
+                account(*r);
               }
             }
             const double step = Seconds(t2, Clock::now()) / decode_steps_;
@@ -243,6 +284,7 @@ class Bench final : public Command {
   double hbm_tbps_ = 4.8;
   std::string graph_mode_ = "full_and_piecewise";
   std::string graph_sizes_;  // "" = the defaults
+  std::string overlap_ = "auto";
 };
 
 }  // namespace

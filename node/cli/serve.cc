@@ -59,6 +59,10 @@ class Serve final : public Command {
                    "to --max-batched-tokens); larger steps run eagerly");
     app.add_flag("--enforce-eager", o_.enforce_eager,
                  "kill switch: no CUDA graphs (the same as --cudagraph-mode none)");
+    app.add_option("--overlap-steps", o_.overlap,
+                   "plan and launch the next decode step while one runs: auto (when the worker "
+                   "supports it: the GPU worker)|on|off")
+        ->check(CLI::IsMember({"auto", "on", "off"}));
     app.add_option("--drain-timeout", drain_timeout_s_, "seconds in-flight requests get on SIGTERM")
         ->check(CLI::Range(0.0, 3600.0));
   }

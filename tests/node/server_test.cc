@@ -49,6 +49,11 @@ NodeOptions TestOptions() {
   const char* precision = std::getenv("DSV4_TEST_PRECISION");
   o.device = device != nullptr ? device : "cpu";
   o.precision = precision != nullptr ? precision : "bf16";
+  // Overlapped decode on every worker (the CPU worker runs each step inside Launch, resolving the
+  // deferred tokens on the host), so the suite covers the engine's overlapped path everywhere;
+  // DSV4_TEST_OVERLAP=off|auto runs it the other way.
+  const char* overlap = std::getenv("DSV4_TEST_OVERLAP");
+  o.overlap = overlap != nullptr ? overlap : "on";
   o.max_model_len = 1024;
   o.max_num_seqs = 64;
   o.max_batched_tokens = 256;
