@@ -52,6 +52,18 @@ __global__ void EmbedKernel(const T* table, int64_t vocab, int64_t dim, RaggedBa
   for (int64_t j = 0; j < copies; ++j) out[(t * copies + j) * dim + i] = v;
 }
 
+// 16-byte words when both ends allow it, else 4-byte words (callers pass int32-aligned sizes).
+__global__ void CopyWordsKernel(const uint4* src, uint4* dst, int64_t n16, const uint32_t* src4,
+                                uint32_t* dst4, int64_t n4) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n16; i += stride) {
+    dst[i] = src[i];
+  }
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n4; i += stride) {
+    dst4[i] = src4[i];
+  }
+}
+
 __global__ void AddKernel(const float* a, const float* b, float* y, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -154,6 +166,25 @@ absl::Status Embed(const void* table, DType table_dtype, int64_t vocab, int64_t 
                                    0, stream, static_cast<const float*>(table), vocab, dim, b,
                                    deferred, copies, out));
   }
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status CopyWords(const void* src, void* dst, size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return absl::OkStatus();
+  if (bytes % 4 != 0 || reinterpret_cast<uintptr_t>(src) % 4 != 0 ||
+      reinterpret_cast<uintptr_t>(dst) % 4 != 0) {
+    return absl::InvalidArgumentError("CopyWords: 4-byte aligned ends and size");
+  }
+  const bool wide = bytes % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+  const int64_t n16 = wide ? static_cast<int64_t>(bytes / 16) : 0;
+  const int64_t n4 = wide ? 0 : static_cast<int64_t>(bytes / 4);
+  const int64_t n = std::max(n16, n4);
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 64));
+  CopyWordsKernel<<<blocks, 256, 0, stream>>>(
+      static_cast<const uint4*>(src), static_cast<uint4*>(dst), n16,
+      static_cast<const uint32_t*>(src), static_cast<uint32_t*>(dst), n4);
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

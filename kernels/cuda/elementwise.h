@@ -26,6 +26,10 @@ struct DeferredTokens {
 absl::Status Embed(const void* table, DType table_dtype, int64_t vocab, int64_t dim,
                    const RaggedBatchView& b, DeferredTokens deferred, int64_t copies, float* out,
                    cudaStream_t stream);
+// Copies `bytes` (a multiple of 4, both ends 4-byte aligned) with a kernel instead of a copy-engine
+// transfer; either end may be mapped pinned host memory (zero-copy), which saves the DMA's
+// turnaround between the compute work around it.
+absl::Status CopyWords(const void* src, void* dst, size_t bytes, cudaStream_t stream);
 // y = a + b (n floats).
 absl::Status Add(const float* a, const float* b, float* y, int64_t n, cudaStream_t stream);
 // bf16 <-> fp32 conversions (n elements).

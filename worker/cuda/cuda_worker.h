@@ -84,8 +84,11 @@ class CudaWorker final : public Worker {
   struct Staging {
     PinnedBuffer host;
     DeviceBuffer dev;
-    CudaEvent done;        // after the results' copy back
-    CudaEvent begin, end;  // DSV4_STEP_DEVICE_TIME=1: around the forward and sampling
+    void* host_mapped = nullptr;  // the device's address of `host` (null: not mapped)
+    CudaEvent done;               // after the results' copy back
+    // DSV4_STEP_DEVICE_TIME=1: around the forward and sampling (begin, end), and around the whole
+    // step's stream work (pre: before the metadata upload; post: after the results' copy back).
+    CudaEvent begin, end, pre, post;
   };
   struct Flight {
     struct Row {
@@ -120,7 +123,7 @@ class CudaWorker final : public Worker {
   // and the host's phases of each step, whose medians the destructor prints (where the host
   // time around the device's goes).
   bool time_steps_ = false;
-  std::vector<std::array<double, 6>> phases_;
+  std::vector<std::array<double, 8>> phases_;
   std::map<int32_t, FullGraph> full_;
   std::map<int32_t, PiecewiseEntry> piecewise_;
   CudaGraphStats stats_;
