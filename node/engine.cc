@@ -237,7 +237,10 @@ bool Engine::RunStep() {
       const Live& r = live_.at(id);
       return r.processor->completion_tokens() + 1 < r.processor->max_tokens();
     });
-    if (ahead.has_value() && LaunchStep(*std::move(ahead), t0)) ++overlapped_steps_;
+    if (ahead.has_value() && LaunchStep(*std::move(ahead), t0)) {
+      ++overlapped_steps_;
+      if (metrics_) metrics_->overlapped_steps->Increment();
+    }
   }
   CollectStep();
   return true;

@@ -106,6 +106,9 @@ NodeMetrics::NodeMetrics(std::shared_ptr<prometheus::Registry> registry)
                                     "piecewise segment set; a step's mean when it captures "
                                     "several)",
                                     {0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60});
+  overlapped_steps = counter("dsv4_overlapped_steps_total",
+                             "Decode steps launched while the previous step still ran, their "
+                             "input tokens fed on the worker (--overlap-steps)");
   rejected_family_ = &BuildCounter()
                           .Name("dsv4_requests_rejected_total")
                           .Help("Requests refused before admission, by reason")

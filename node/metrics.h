@@ -59,6 +59,8 @@ class NodeMetrics {
   prometheus::Counter* graph_eager_fallbacks;
   prometheus::Counter* graph_capture_failures;
   prometheus::Histogram* graph_capture_seconds;
+  // Overlapped decode (--overlap-steps): steps launched while the previous one still ran.
+  prometheus::Counter* overlapped_steps;
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;

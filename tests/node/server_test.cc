@@ -472,6 +472,7 @@ TEST_F(ServerTest, MetricsMoveAndPassPromtool) {
       "dsv4_requests_finished_total{finish_reason=\"length\",phase_at_finish=\"reasoning\"}";
   const double length_reasoning = Metric(port, finished_reasoning);
   const double generated = Metric(port, "dsv4_generation_tokens_total");
+  const double overlapped = Metric(port, "dsv4_overlapped_steps_total");
   ASSERT_GE(runaways, 0);
   // A forced runaway: thinking on, a tiny max_tokens.
   Client c(node_->grpc_port());
@@ -489,19 +490,37 @@ TEST_F(ServerTest, MetricsMoveAndPassPromtool) {
   EXPECT_EQ(Metric(port, "dsv4_length_cap_runaways_total"), runaways + 1);
   EXPECT_EQ(Metric(port, finished_reasoning), length_reasoning + 1);
   EXPECT_EQ(Metric(port, "dsv4_generation_tokens_total"), generated + 4);
+  // With overlap, tokens 2..4 each come from a step launched ahead (the 4th is the last: none
+  // after it).
+  if (node_->engine().overlap()) {
+    EXPECT_GE(Metric(port, "dsv4_overlapped_steps_total"), overlapped + 3);
+  } else {
+    EXPECT_EQ(Metric(port, "dsv4_overlapped_steps_total"), overlapped);
+  }
   EXPECT_EQ(Metric(port, "dsv4_node_ready"), 1);
   // The exposition is valid for Prometheus.
   const std::string body = testing::HttpGet(port, "/metrics");
-  for (const char* family :
-       {"dsv4_requests_finished_total", "dsv4_length_cap_runaways_total",
-        "dsv4_repetition_detected_total", "dsv4_time_to_first_token_seconds_bucket",
-        "dsv4_inter_token_latency_seconds_bucket", "dsv4_e2e_request_latency_seconds_bucket",
-        "dsv4_request_queue_time_seconds_bucket", "dsv4_prompt_tokens_total",
-        "dsv4_generation_tokens_total", "dsv4_reasoning_tokens_total",
-        "dsv4_request_reasoning_tokens_bucket", "dsv4_request_content_tokens_bucket",
-        "dsv4_num_requests_running", "dsv4_num_requests_waiting", "dsv4_kv_cache_usage_ratio",
-        "dsv4_preemptions_total", "dsv4_step_duration_seconds_bucket", "dsv4_step_batch_tokens_bucket",
-        "dsv4_worker_up", "dsv4_requests_rejected_total"}) {
+  for (const char* family : {"dsv4_requests_finished_total",
+                             "dsv4_length_cap_runaways_total",
+                             "dsv4_repetition_detected_total",
+                             "dsv4_time_to_first_token_seconds_bucket",
+                             "dsv4_inter_token_latency_seconds_bucket",
+                             "dsv4_e2e_request_latency_seconds_bucket",
+                             "dsv4_request_queue_time_seconds_bucket",
+                             "dsv4_prompt_tokens_total",
+                             "dsv4_generation_tokens_total",
+                             "dsv4_reasoning_tokens_total",
+                             "dsv4_request_reasoning_tokens_bucket",
+                             "dsv4_request_content_tokens_bucket",
+                             "dsv4_num_requests_running",
+                             "dsv4_num_requests_waiting",
+                             "dsv4_kv_cache_usage_ratio",
+                             "dsv4_preemptions_total",
+                             "dsv4_step_duration_seconds_bucket",
+                             "dsv4_step_batch_tokens_bucket",
+                             "dsv4_worker_up",
+                             "dsv4_requests_rejected_total",
+                             "dsv4_overlapped_steps_total"}) {
     EXPECT_NE(body.find(family), std::string::npos) << family;
   }
   std::string out;

@@ -226,6 +226,9 @@ absl::Status CudaWorker::Launch(const StepPlan& plan) {
     return absl::FailedPreconditionError(absl::StrCat(
         "Launch with ", flights_.size(), " steps in flight (at most ", kMaxInFlight, ")"));
   }
+  if (!flights_.empty() && backend_->profile() != nullptr) {
+    return absl::FailedPreconditionError("op profiling (DSV4_PROFILE_OPS) runs one step at a time");
+  }
   Flight f;
   f.step_id = plan.step_id;
   f.t0 = t0;
