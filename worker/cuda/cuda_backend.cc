@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <iterator>
 #include <string_view>
 
@@ -245,6 +246,9 @@ absl::StatusOr<Tensor> CudaBackend::Bump(Arena* arena, DType dtype, Shape shape)
 }
 
 absl::Status CudaBackend::BeginStep(const StepMeta& meta) {
+  // The payload set for this step (one step only, whether or not it begins).
+  const void* payload_host = std::exchange(payload_host_, nullptr);
+  const size_t payload_bytes = std::exchange(payload_bytes_, 0);
   CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
   if (pw_ != nullptr || eager_depth_ != 0 || on_side_ || side_pending_ != 0 || gates_pending_) {
     // A failed step left a capture, piecewise run or side region open: close it (joining the
@@ -271,7 +275,10 @@ absl::Status CudaBackend::BeginStep(const StepMeta& meta) {
   // One int32 array: ids, positions, token_seq, seq_begin, start_pos, slots, block table, rows.
   const int64_t words =
       3 * int64_t{T} + (S + 1) + 2 * int64_t{S} + static_cast<int64_t>(meta.block_table.size()) + R;
-  const size_t bytes = sizeof(int32_t) * static_cast<size_t>(words);
+  // Then the caller's payload (SetStepPayload), 16-byte aligned.
+  const size_t payload_at = (sizeof(int32_t) * static_cast<size_t>(words) + 15) / 16 * 16;
+  const size_t bytes = payload_bytes > 0 ? payload_at + payload_bytes
+                                         : sizeof(int32_t) * static_cast<size_t>(words);
   // The previous step's transfer must be done before the staging buffer is rewritten.
   CUDA_RETURN_IF_ERROR(cudaEventSynchronize(meta_copied_.get()));
   if (meta_host_.bytes() < bytes) {
@@ -309,6 +316,11 @@ absl::Status CudaBackend::BeginStep(const StepMeta& meta) {
   max_position_ =
       meta.positions.empty() ? -1 : *std::max_element(meta.positions.begin(), meta.positions.end());
   max_position_bound_ = meta.max_position_bound;
+  payload_dev_ = nullptr;
+  if (payload_bytes > 0) {
+    std::memcpy(reinterpret_cast<char*>(host) + payload_at, payload_host, payload_bytes);
+    payload_dev_ = reinterpret_cast<const char*>(dev) + payload_at;
+  }
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream_.get()));
   CUDA_RETURN_IF_ERROR(cudaEventRecord(meta_copied_.get(), stream_.get()));
   if (profile_) RETURN_IF_ERROR(profile_->Open(stream_.get()));
@@ -527,6 +539,7 @@ std::vector<uintptr_t> CudaBackend::Baked(bool with_head) const {
                                   meta_generation_};
   baked.push_back(p(slot_tokens_));
   if (with_head) {
+    baked.push_back(p(payload_dev_));
     baked.push_back(p(logit_rows_));
     baked.push_back(static_cast<uintptr_t>(num_logit_rows_));
   }

@@ -137,6 +137,15 @@ class CudaBackend final : public Backend {
   std::vector<uintptr_t> Baked(bool with_head) const;
   // Debug only: take the indexer shortcut even while capturing (reproduces vLLM #52448).
   void set_shortcut_in_capture(bool on) { shortcut_in_capture_ = on; }
+  // The next BeginStep uploads `bytes` of `host` after the step's metadata, in the same transfer
+  // (the worker's sampling rows: one copy less per step). payload() is their device address, 16-byte
+  // aligned, until the next BeginStep; like the metadata's, it depends only on the step's (padded)
+  // shape, so a graph may bake it. `host` must stay valid until BeginStep returns.
+  void SetStepPayload(const void* host, size_t bytes) {
+    payload_host_ = host;
+    payload_bytes_ = bytes;
+  }
+  const void* payload() const { return payload_dev_; }
   // Overlapped decode: the [slots] device table where the worker's sampling leaves each slot's
   // last token; the embedding resolves a step's deferred tokens (kDeferredToken) from it.
   void set_slot_tokens(int32_t* table) { slot_tokens_ = table; }
@@ -225,6 +234,9 @@ class CudaBackend final : public Backend {
   Arena model_arena_, op_arena_;
   DeviceBuffer meta_dev_;
   int32_t* slot_tokens_ = nullptr;  // owned by the worker
+  const void* payload_host_ = nullptr;
+  size_t payload_bytes_ = 0;
+  const void* payload_dev_ = nullptr;
   uint64_t meta_generation_ = 0;  // bumped when meta_dev_ moves
   PinnedBuffer meta_host_;
   RaggedBatchView view_;

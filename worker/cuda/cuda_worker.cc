@@ -38,9 +38,6 @@ class Packer {
   size_t off_ = 0;
 };
 
-// Masked ids (min-tokens) a FULL graph's buffer holds; more runs the step eagerly.
-constexpr int64_t kGraphMaskIds = 4096;
-
 double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -138,31 +135,20 @@ absl::Status CudaWorker::EnsureCounts() {
   return absl::OkStatus();
 }
 
-// The staged FULL step: uploads its sampling rows into the graph's own buffer, captures the
-// graph when it has none (or a baked address moved), launches it and queues the outputs' copy
-// back into `host_outs`.
-absl::Status CudaWorker::RunFull(int32_t padded, int64_t rows, const void* host_rows,
-                                 const void* host_mask, int64_t masked, GraphRun* run,
-                                 const void** outs) {
+// The staged FULL step: captures the graph when it has none (or a baked address moved) and
+// launches it. Its sampling rows and mask ids came up with the step's metadata (`dev_rows`,
+// `dev_mask`: the backend's payload, at an address fixed by the padded shape); its results land
+// in the graph's own buffer (`*outs`).
+absl::Status CudaWorker::RunFull(int32_t padded, int64_t rows, const cuda::SampleRow* dev_rows,
+                                 const int32_t* dev_mask, GraphRun* run, const void** outs) {
   cudaStream_t stream = backend_->stream();
   FullGraph& g = full_[padded];
-  const size_t rows_bytes = sizeof(cuda::SampleRow) * rows;
-  const size_t outs_bytes = sizeof(cuda::SampleOut) * rows;
   if (g.io.get() == nullptr || g.rows != rows) {
-    ASSIGN_OR_RETURN(g.io, AllocDevice(rows_bytes + outs_bytes + sizeof(int32_t) * kGraphMaskIds));
+    ASSIGN_OR_RETURN(g.io, AllocDevice(sizeof(cuda::SampleOut) * rows));
     g.rows = static_cast<int32_t>(rows);
     g.captured = false;
   }
-  char* io = static_cast<char*>(g.io.get());
-  auto* dev_rows = reinterpret_cast<cuda::SampleRow*>(io);
-  auto* dev_outs = reinterpret_cast<cuda::SampleOut*>(io + rows_bytes);
-  auto* dev_mask = reinterpret_cast<int32_t*>(io + rows_bytes + outs_bytes);
-  CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(dev_rows, host_rows, rows_bytes, cudaMemcpyHostToDevice, stream));
-  if (masked > 0) {
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev_mask, host_mask, sizeof(int32_t) * masked,
-                                         cudaMemcpyHostToDevice, stream));
-  }
+  auto* dev_outs = static_cast<cuda::SampleOut*>(g.io.get());
   const int64_t vocab = model_->config().vocab_size;
   auto* seen = static_cast<int32_t*>(seen_.get());
   auto* outputs = static_cast<int32_t*>(outputs_.get());
@@ -175,6 +161,8 @@ absl::Status CudaWorker::RunFull(int32_t padded, int64_t rows, const void* host_
                         stream);
   };
   std::vector<uintptr_t> baked = backend_->Baked(/*with_head=*/true);
+  baked.push_back(reinterpret_cast<uintptr_t>(dev_rows));
+  baked.push_back(reinterpret_cast<uintptr_t>(dev_mask));
   baked.push_back(reinterpret_cast<uintptr_t>(seen));
   baked.push_back(reinterpret_cast<uintptr_t>(outputs));
   if (!g.captured || g.baked != baked) {
@@ -276,8 +264,7 @@ absl::Status CudaWorker::Launch(const StepPlan& plan) {
   const int32_t padded_seqs = std::min(padded, model_->cache().num_slots + 1);
   if (mode != GraphMode::kEager) {
     const bool fits = padded >= T && S + (T < padded ? 1 : 0) <= padded_seqs;
-    const bool full_ok =
-        mode != GraphMode::kFull || (masked <= kGraphMaskIds && !full_[padded].failed);
+    const bool full_ok = mode != GraphMode::kFull || !full_[padded].failed;
     // Op profiling times eager launches only.
     if (options_.enforce_eager || !fits || !full_ok || backend_->profile() != nullptr) {
       mode = GraphMode::kEager;
@@ -372,14 +359,17 @@ absl::Status CudaWorker::Launch(const StepPlan& plan) {
   }
   f.t_prepare = std::chrono::steady_clock::now();
   if (time_steps_) CUDA_RETURN_IF_ERROR(cudaEventRecord(st.pre.get(), backend_->stream()));
+  // The sampling rows and mask ids go up with the metadata, in one transfer.
+  backend_->SetStepPayload(h + at_rows, at_reset - at_rows);
   RETURN_IF_ERROR(model_->PrepareStep(steps, options, &seq_rows));
+  const char* payload = static_cast<const char*>(backend_->payload());
+  const auto* dev_rows = reinterpret_cast<const cuda::SampleRow*>(payload);
+  const auto* dev_mask = reinterpret_cast<const int32_t*>(payload + (at_mask - at_rows));
   f.t_prepared = std::chrono::steady_clock::now();
   cudaStream_t stream = backend_->stream();
-  // Everything before the outputs; a FULL step's rows and mask go straight into its graph's own
-  // buffer (RunFull), so only the count updates come through here (nothing without penalties).
-  const size_t upload_from = full ? at_reset : 0;
-  if (at_out > upload_from) {
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d + upload_from, h + upload_from, at_out - upload_from,
+  // The penalty count updates (nothing without penalties).
+  if (at_out > at_reset) {
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d + at_reset, h + at_reset, at_out - at_reset,
                                          cudaMemcpyHostToDevice, stream));
   }
   auto* seen = static_cast<int32_t*>(seen_.get());
@@ -396,7 +386,7 @@ absl::Status CudaWorker::Launch(const StepPlan& plan) {
   const void* outs_dev = d + at_out;
   if (time_steps_) CUDA_RETURN_IF_ERROR(cudaEventRecord(st.begin.get(), stream));
   if (full) {
-    RETURN_IF_ERROR(RunFull(padded, sample_rows, sample_rows_h, mask, masked, &graph, &outs_dev));
+    RETURN_IF_ERROR(RunFull(padded, sample_rows, dev_rows, dev_mask, &graph, &outs_dev));
   } else {
     absl::StatusOr<Tensor> logits;
     if (mode == GraphMode::kPiecewise) {
@@ -429,10 +419,10 @@ absl::Status CudaWorker::Launch(const StepPlan& plan) {
     if (rows > 0) {
       if (OpProfile* prof = backend_->profile()) prof->Begin("Sample", stream);
       ASSIGN_OR_RETURN(Tensor work, backend_->Scratch(DType::kF32, Shape{rows, vocab}));
-      RETURN_IF_ERROR(cuda::Sample(
-          logits->ptr<float>(), rows, vocab, reinterpret_cast<const cuda::SampleRow*>(d + at_rows),
-          reinterpret_cast<const int32_t*>(d + at_mask), seen, outputs, work.ptr<float>(),
-          reinterpret_cast<cuda::SampleOut*>(d + at_out), slot_tokens, stream));
+      RETURN_IF_ERROR(cuda::Sample(logits->ptr<float>(), rows, vocab, dev_rows, dev_mask, seen,
+                                   outputs, work.ptr<float>(),
+                                   reinterpret_cast<cuda::SampleOut*>(d + at_out), slot_tokens,
+                                   stream));
       if (OpProfile* prof = backend_->profile()) prof->End(stream);
     }
   }

@@ -14,8 +14,9 @@
 // Padding rows are inert (state slot -1). Before every replay the worker compares the addresses
 // the graph baked in (metadata arrays, sampling buffers, count tables) with the current ones and
 // captures again on a mismatch; `stats()` counts both. A step that cannot run its planned graph
-// (kill switch DSV4_ENFORCE_EAGER=1, a failed FULL capture, more masked ids than the graph's
-// buffer) runs eagerly and reports the fallback.
+// (kill switch DSV4_ENFORCE_EAGER=1, a failed FULL capture) runs eagerly and reports the fallback.
+// Per step, one transfer carries the metadata with the sampling rows and min-tokens mask ids
+// (CudaBackend::SetStepPayload), and a kernel writes the results into pinned host memory.
 // Not thread-safe: one engine thread.
 #pragma once
 
@@ -69,7 +70,7 @@ class CudaWorker final : public Worker {
   struct FullGraph {
     CudaGraphExec exec;
     std::vector<uintptr_t> baked;
-    DeviceBuffer io;  // SampleRow[rows] | SampleOut[rows] | mask ids[kGraphMaskIds]
+    DeviceBuffer io;  // SampleOut[rows]: the step's results
     int32_t rows = 0;
     bool captured = false;
     bool failed = false;  // capture failed once: this size runs eagerly
@@ -107,8 +108,8 @@ class CudaWorker final : public Worker {
 
   CudaWorker() = default;
   absl::Status EnsureCounts();
-  absl::Status RunFull(int32_t padded, int64_t rows, const void* host_rows, const void* host_mask,
-                       int64_t masked, GraphRun* run, const void** outs);
+  absl::Status RunFull(int32_t padded, int64_t rows, const cuda::SampleRow* dev_rows,
+                       const int32_t* dev_mask, GraphRun* run, const void** outs);
 
   std::unique_ptr<Dsv4Model> model_;
   CudaBackend* backend_ = nullptr;  // owned by model_
