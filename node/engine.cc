@@ -48,8 +48,15 @@ Engine::Engine(EngineConfig config, std::unique_ptr<Worker> worker, const Tokeni
       metrics_(metrics),
       kv_(worker_info_.num_blocks, worker_info_.num_slots, worker_info_.block_size),
       scheduler_(config.scheduler, &kv_) {
-  overlap_ = config.overlap == OverlapMode::kOn ||
-             (config.overlap == OverlapMode::kAuto && worker_info_.overlap);
+  // (`on` with a worker that takes one step at a time, e.g. while it profiles ops: off, logged.)
+  overlap_ = worker_info_.max_in_flight >= 2 &&
+             (config.overlap == OverlapMode::kOn ||
+              (config.overlap == OverlapMode::kAuto && worker_info_.overlap));
+  if (config.overlap == OverlapMode::kOn && !overlap_) {
+    LogWarning("overlap_steps_unavailable",
+               {{"reason", "the worker runs one step at a time"},
+                {"max_in_flight", static_cast<int64_t>(worker_info_.max_in_flight)}});
+  }
   stats_.total_blocks = worker_info_.num_blocks;
   stats_.free_blocks = worker_info_.num_blocks;
   stats_.free_slots = worker_info_.num_slots;
@@ -203,10 +210,6 @@ void Engine::Admit(Pending p) {
     metrics_->prompt_tokens->Increment(r.prompt_tokens);
     metrics_->request_prompt_tokens->Observe(r.prompt_tokens);
   }
-  const SamplingSpec& spec = *p.request.sampling;
-  r.penalties = spec.repetition_penalty != 1.0f || spec.presence_penalty != 0.0f ||
-                spec.frequency_penalty != 0.0f;
-  penalty_requests_ += r.penalties ? 1 : 0;
   SchedRequest s;
   s.id = r.id;
   s.prompt = std::move(p.request.prompt);
@@ -230,8 +233,7 @@ bool Engine::RunStep() {
   // Overlap: the next decode step goes out before this one's results come back; its requests'
   // inputs are the tokens this step samples. A request whose pending token is its last by length
   // stays out of it (one that stops otherwise runs one wasted row, whose result is dropped).
-  if (overlap_ && penalty_requests_ == 0 &&
-      static_cast<int>(in_flight_.size()) < Worker::kMaxInFlight) {
+  if (overlap_ && static_cast<int>(in_flight_.size()) < worker_info_.max_in_flight) {
     const auto t0 = Clock::now();
     std::optional<StepPlan> ahead = scheduler_.ScheduleAhead([&](uint64_t id) {
       const Live& r = live_.at(id);
@@ -267,6 +269,8 @@ bool Engine::LaunchStep(StepPlan plan, Clock::time_point t0) {
       metrics_->worker_errors->Increment();
       metrics_->worker_up->Set(0);
     }
+    // The worker did not take the plan's releases: they go with a later one.
+    scheduler_.RestoreReleases(std::move(plan.released));
     std::vector<uint64_t> ids;
     for (const ScheduledSeq& s : plan.seqs) ids.push_back(s.request_id);
     FailAll(ids, launched);
@@ -296,11 +300,10 @@ void Engine::CollectStep() {
     // A later launched step fed on this one's tokens: it fails with it.
     std::vector<uint64_t> ids;
     for (const ScheduledSeq& s : plan.seqs) ids.push_back(s.request_id);
-    while (!in_flight_.empty()) {
-      for (const ScheduledSeq& s : in_flight_.front().plan.seqs) ids.push_back(s.request_id);
-      in_flight_.pop_front();
-      (void)worker_->Collect();
+    for (const InFlight& later : in_flight_) {
+      for (const ScheduledSeq& s : later.plan.seqs) ids.push_back(s.request_id);
     }
+    DrainInFlight();
     FailAll(ids, result.status());
     return;
   }
@@ -369,8 +372,12 @@ void Engine::CollectStep() {
 
 void Engine::DrainInFlight() {
   while (!in_flight_.empty()) {
+    const uint64_t step = in_flight_.front().plan.step_id;
     in_flight_.pop_front();
-    (void)worker_->Collect();
+    if (auto r = worker_->Collect(); !r.ok()) {
+      LogError("worker_step_failed", {{"step", static_cast<int64_t>(step)},
+                                      {"error", std::string(r.status().message())}});
+    }
   }
 }
 
@@ -450,7 +457,6 @@ void Engine::Finish(Live* r, FinishReason reason, const StopInfo& stop, const st
   }
   r->sink->Emit(std::move(resp), /*last=*/true);
   scheduler_.Remove(r->id);
-  penalty_requests_ -= r->penalties ? 1 : 0;
   const std::string name = r->name;
   live_.erase(r->id);
   std::lock_guard<std::mutex> lock(mu_);
@@ -472,7 +478,6 @@ void Engine::FailAll(const std::vector<uint64_t>& ids, const absl::Status& statu
     if (r.metrics) r.metrics->Finished(FinishReason::kError, r.processor->phase()).Increment();
     r.sink->Emit(std::move(resp), /*last=*/true);
     scheduler_.Remove(id);
-    penalty_requests_ -= r.penalties ? 1 : 0;
     const std::string name = r.name;
     live_.erase(it);
     std::lock_guard<std::mutex> lock(mu_);

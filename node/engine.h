@@ -54,7 +54,8 @@ class PromiseSink final : public RequestSink {
 // Overlapped decode: plan and queue step N+1 while step N runs on the worker (Worker::Launch), its
 // inputs being the tokens N samples (deferred, resolved by the worker). kAuto: when the worker
 // supports it (WorkerInfo::overlap, the GPU worker). Only steady decode overlaps: a step that
-// admits, prefills or must preempt, or a batch with penalties, waits for the previous results.
+// admits, prefills or must preempt, or a batch with penalties, waits for the previous results
+// (Scheduler::ScheduleAhead).
 enum class OverlapMode { kAuto, kOn, kOff };
 absl::StatusOr<OverlapMode> ParseOverlapMode(std::string_view s);
 
@@ -120,7 +121,6 @@ class Engine {
     bool scheduled = false;
     bool has_token = false;
     bool repetition = false;
-    bool penalties = false;
     NodeMetrics* metrics = nullptr;  // null for internal requests
   };
   struct Pending {
@@ -170,7 +170,6 @@ class Engine {
   uint64_t preemptions_ = 0;
   bool overlap_ = false;
   std::deque<InFlight> in_flight_;
-  int32_t penalty_requests_ = 0;  // live requests whose sampling uses penalties (no overlap)
   Clock::time_point last_collect_;
   uint64_t overlapped_steps_ = 0;
 

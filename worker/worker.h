@@ -23,6 +23,9 @@ struct WorkerInfo {
   // Launch returns before the step ends, so the coordinator can plan and queue the next step
   // while this one runs (the CUDA worker); others run each step inside Launch.
   bool overlap = false;
+  // Steps Launch accepts before a Collect (Worker::kMaxInFlight; 1 while the GPU worker profiles
+  // ops, which it brackets one step at a time).
+  int32_t max_in_flight = 2;
 };
 
 class Worker {

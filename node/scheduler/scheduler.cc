@@ -157,13 +157,24 @@ void Scheduler::AppendPending(uint64_t id) {
 }
 
 std::optional<StepPlan> Scheduler::ScheduleAhead(const std::function<bool(uint64_t)>& include) {
-  if (!waiting_.empty()) return std::nullopt;
+  // A waiting request the next step could admit takes precedence (it needs a synchronous step);
+  // with every running slot taken, or no state slot free, none could.
+  if (!waiting_.empty() && static_cast<int32_t>(running_.size()) < config_.max_num_seqs &&
+      kv_->free_slots() > 0) {
+    return std::nullopt;
+  }
   std::vector<Req*> decodes;
   int64_t new_blocks = 0;
   for (uint64_t id : running_) {
     Req& r = reqs_.at(id);
     // The pending token is the only one not yet cached: it is the next decode input.
     if (r.pending == 0 || r.known() - r.computed != 1) return std::nullopt;
+    // Penalty counts take the fed token on the host.
+    const SamplingSpec* sp = r.r.sampling.get();
+    if (sp != nullptr && (sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f ||
+                          sp->frequency_penalty != 0.0f)) {
+      return std::nullopt;
+    }
     if (!include(id)) continue;
     decodes.push_back(&r);
     new_blocks += std::max<int64_t>(
@@ -184,6 +195,10 @@ std::optional<StepPlan> Scheduler::ScheduleAhead(const std::function<bool(uint64
   plan.released = std::move(releases_);
   releases_.clear();
   return plan;
+}
+
+void Scheduler::RestoreReleases(std::vector<uint64_t> ids) {
+  releases_.insert(releases_.end(), ids.begin(), ids.end());
 }
 
 bool Scheduler::Remove(uint64_t id) {

@@ -1,7 +1,5 @@
 #include "worker/model/dsv4_model.h"
 
-#include "common/step_plan.h"
-
 #include <algorithm>
 #include <cmath>
 #include <numeric>
