@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "absl/status/statusor.h"
 #include "kernels/common/cuda_check.h"
 #include "kernels/counter_rng.h"
 #include "kernels/cuda/common.cuh"
@@ -170,22 +171,77 @@ absl::Status Embed(const void* table, DType table_dtype, int64_t vocab, int64_t 
   return absl::OkStatus();
 }
 
-absl::Status CopyWords(const void* src, void* dst, size_t bytes, cudaStream_t stream) {
-  if (bytes == 0) return absl::OkStatus();
+namespace {
+
+// CopyWordsKernel's launch: its arguments (in order) and grid.
+struct CopyWordsLaunch {
+  const uint4* src;
+  uint4* dst;
+  int64_t n16;
+  const uint32_t* src4;
+  uint32_t* dst4;
+  int64_t n4;
+  unsigned blocks;
+};
+
+absl::StatusOr<CopyWordsLaunch> PlanCopyWords(const void* src, void* dst, size_t bytes) {
   if (bytes % 4 != 0 || reinterpret_cast<uintptr_t>(src) % 4 != 0 ||
       reinterpret_cast<uintptr_t>(dst) % 4 != 0) {
     return absl::InvalidArgumentError("CopyWords: 4-byte aligned ends and size");
   }
   const bool wide = bytes % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(dst) % 16 == 0;
-  const int64_t n16 = wide ? static_cast<int64_t>(bytes / 16) : 0;
-  const int64_t n4 = wide ? 0 : static_cast<int64_t>(bytes / 4);
-  const int64_t n = std::max(n16, n4);
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 64));
-  CopyWordsKernel<<<blocks, 256, 0, stream>>>(
-      static_cast<const uint4*>(src), static_cast<uint4*>(dst), n16,
-      static_cast<const uint32_t*>(src), static_cast<uint32_t*>(dst), n4);
+  CopyWordsLaunch l;
+  l.src = static_cast<const uint4*>(src);
+  l.dst = static_cast<uint4*>(dst);
+  l.n16 = wide ? static_cast<int64_t>(bytes / 16) : 0;
+  l.src4 = static_cast<const uint32_t*>(src);
+  l.dst4 = static_cast<uint32_t*>(dst);
+  l.n4 = wide ? 0 : static_cast<int64_t>(bytes / 4);
+  const int64_t n = std::max(l.n16, l.n4);
+  l.blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, 64)));
+  return l;
+}
+
+}  // namespace
+
+absl::Status CopyWords(const void* src, void* dst, size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return absl::OkStatus();
+  const absl::StatusOr<CopyWordsLaunch> plan = PlanCopyWords(src, dst, bytes);
+  if (!plan.ok()) return plan.status();
+  const CopyWordsLaunch& l = *plan;
+  CopyWordsKernel<<<l.blocks, 256, 0, stream>>>(l.src, l.dst, l.n16, l.src4, l.dst4, l.n4);
   CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+bool IsCopyWordsNode(cudaGraphNode_t node) {
+  cudaGraphNodeType type;
+  if (cudaGraphNodeGetType(node, &type) != cudaSuccess || type != cudaGraphNodeTypeKernel) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  cudaKernelNodeParams p{};
+  if (cudaGraphKernelNodeGetParams(node, &p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return p.func == reinterpret_cast<void*>(&CopyWordsKernel);
+}
+
+absl::Status SetCopyWordsNode(cudaGraphExec_t exec, cudaGraphNode_t node, const void* src,
+                              void* dst, size_t bytes) {
+  absl::StatusOr<CopyWordsLaunch> plan = PlanCopyWords(src, dst, bytes);
+  if (!plan.ok()) return plan.status();
+  CopyWordsLaunch& l = *plan;
+  void* args[] = {&l.src, &l.dst, &l.n16, &l.src4, &l.dst4, &l.n4};
+  cudaKernelNodeParams p{};
+  p.func = reinterpret_cast<void*>(&CopyWordsKernel);
+  p.gridDim = dim3(l.blocks);
+  p.blockDim = dim3(256);
+  p.sharedMemBytes = 0;
+  p.kernelParams = args;
+  CUDA_RETURN_IF_ERROR(cudaGraphExecKernelNodeSetParams(exec, node, &p));
   return absl::OkStatus();
 }
 

@@ -30,6 +30,11 @@ absl::Status Embed(const void* table, DType table_dtype, int64_t vocab, int64_t 
 // transfer; either end may be mapped pinned host memory (zero-copy), which saves the DMA's
 // turnaround between the compute work around it.
 absl::Status CopyWords(const void* src, void* dst, size_t bytes, cudaStream_t stream);
+// A CopyWords captured into a graph: whether `node` is one, and its new ends for the graph's next
+// launches (the same launch shape CopyWords picks; launches already queued keep theirs).
+bool IsCopyWordsNode(cudaGraphNode_t node);
+absl::Status SetCopyWordsNode(cudaGraphExec_t exec, cudaGraphNode_t node, const void* src,
+                              void* dst, size_t bytes);
 // y = a + b (n floats).
 absl::Status Add(const float* a, const float* b, float* y, int64_t n, cudaStream_t stream);
 // bf16 <-> fp32 conversions (n elements).

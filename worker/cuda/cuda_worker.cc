@@ -87,8 +87,8 @@ absl::StatusOr<std::unique_ptr<CudaWorker>> CudaWorker::Create(std::unique_ptr<D
 }
 
 CudaWorker::~CudaWorker() {
-  // Launched steps still write into the staging buffers.
-  if (!flights_.empty()) (void)cudaStreamSynchronize(backend_->stream());
+  // Launched steps (or what a failed one queued) may still use the staging buffers.
+  (void)cudaStreamSynchronize(backend_->stream());
   if (phases_.empty()) return;
   // Medians over the recorded steps (captures and prefills are a few outliers among the decode
   // steps).
@@ -116,6 +116,7 @@ WorkerInfo CudaWorker::info() const {
   w.cuda_graphs = true;
   // Op profiling brackets one step at a time.
   w.overlap = backend_->profile() == nullptr;
+  w.max_in_flight = w.overlap ? kMaxInFlight : 1;
   return w;
 }
 
@@ -138,40 +139,57 @@ absl::Status CudaWorker::EnsureCounts() {
 // The staged FULL step: captures the graph when it has none (or a baked address moved) and
 // launches it. Its sampling rows and mask ids came up with the step's metadata (`dev_rows`,
 // `dev_mask`: the backend's payload, at an address fixed by the padded shape); its results land
-// in the graph's own buffer (`*outs`).
+// in the graph's own buffer (`*outs`) and, when `host_outs` (mapped pinned memory) is given, the
+// graph's last node copies them there (`*copied`): that node's destination is set before each
+// launch, as the launches alternate between two staging sets.
 absl::Status CudaWorker::RunFull(int32_t padded, int64_t rows, const cuda::SampleRow* dev_rows,
-                                 const int32_t* dev_mask, GraphRun* run, const void** outs) {
+                                 const int32_t* dev_mask, void* host_outs, GraphRun* run,
+                                 const void** outs, bool* copied) {
   cudaStream_t stream = backend_->stream();
   FullGraph& g = full_[padded];
+  const size_t outs_bytes = sizeof(cuda::SampleOut) * rows;
   if (g.io.get() == nullptr || g.rows != rows) {
-    ASSIGN_OR_RETURN(g.io, AllocDevice(sizeof(cuda::SampleOut) * rows));
+    ASSIGN_OR_RETURN(g.io, AllocDevice(outs_bytes));
     g.rows = static_cast<int32_t>(rows);
     g.captured = false;
   }
   auto* dev_outs = static_cast<cuda::SampleOut*>(g.io.get());
+  *outs = dev_outs;
+  *copied = host_outs != nullptr;
   const int64_t vocab = model_->config().vocab_size;
   auto* seen = static_cast<int32_t*>(seen_.get());
   auto* outputs = static_cast<int32_t*>(outputs_.get());
-  // The forward and the sampling, as issued eagerly or into a capture.
+  // The forward, the sampling and the results' copy, as issued eagerly or into a capture.
   auto issue = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(Tensor logits, model_->RunForward());
     ASSIGN_OR_RETURN(Tensor work, backend_->Scratch(DType::kF32, Shape{rows, vocab}));
-    return cuda::Sample(logits.ptr<float>(), rows, vocab, dev_rows, dev_mask, seen, outputs,
-                        work.ptr<float>(), dev_outs, static_cast<int32_t*>(slot_tokens_.get()),
-                        stream);
+    RETURN_IF_ERROR(cuda::Sample(logits.ptr<float>(), rows, vocab, dev_rows, dev_mask, seen,
+                                 outputs, work.ptr<float>(), dev_outs,
+                                 static_cast<int32_t*>(slot_tokens_.get()), stream));
+    if (host_outs == nullptr) return absl::OkStatus();
+    return cuda::CopyWords(dev_outs, host_outs, outs_bytes, stream);
   };
   std::vector<uintptr_t> baked = backend_->Baked(/*with_head=*/true);
   baked.push_back(reinterpret_cast<uintptr_t>(dev_rows));
   baked.push_back(reinterpret_cast<uintptr_t>(dev_mask));
   baked.push_back(reinterpret_cast<uintptr_t>(seen));
   baked.push_back(reinterpret_cast<uintptr_t>(outputs));
+  baked.push_back(host_outs != nullptr ? 1 : 0);
   if (!g.captured || g.baked != baked) {
     if (g.captured) ++stats_.recaptures;
     const auto t0 = std::chrono::steady_clock::now();
     absl::Status st = backend_->BeginCapture();
     if (st.ok()) st = issue();
     absl::StatusOr<CudaGraphExec> exec =
-        st.ok() ? CudaGraphExec::EndCapture(stream) : absl::StatusOr<CudaGraphExec>(st);
+        st.ok() ? CudaGraphExec::EndCapture(stream, /*keep_graph=*/host_outs != nullptr)
+                : absl::StatusOr<CudaGraphExec>(st);
+    cudaGraphNode_t copy_node = nullptr;
+    if (exec.ok() && host_outs != nullptr) {
+      copy_node = exec->SinkNode();
+      if (copy_node == nullptr || !cuda::IsCopyWordsNode(copy_node)) {
+        exec = absl::InternalError("the FULL graph does not end in its results' copy");
+      }
+    }
     if (!exec.ok()) {
       // Nothing ran during the capture: the staged step still runs, eagerly.
       backend_->AbortGraphs();
@@ -181,22 +199,24 @@ absl::Status CudaWorker::RunFull(int32_t padded, int64_t rows, const cuda::Sampl
       ++stats_.fallbacks;
       run->fallback = true;
       run->mode = GraphMode::kEager;
-      RETURN_IF_ERROR(issue());
-      *outs = dev_outs;
-      return absl::OkStatus();
+      return issue();
     }
     g.exec = *std::move(exec);
+    g.copy_node = copy_node;
     g.baked = std::move(baked);
     g.captured = true;
     ++run->captures;
     ++stats_.full_captures;
     run->capture_seconds += Since(t0);
   }
+  if (g.copy_node != nullptr) {
+    RETURN_IF_ERROR(
+        cuda::SetCopyWordsNode(g.exec.get(), g.copy_node, dev_outs, host_outs, outs_bytes));
+  }
   RETURN_IF_ERROR(g.exec.Launch(stream));
   ++run->replays;
   ++stats_.full_replays;
   run->mode = GraphMode::kFull;
-  *outs = dev_outs;
   return absl::OkStatus();
 }
 
@@ -209,6 +229,16 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
 }
 
 absl::Status CudaWorker::Launch(const StepPlan& plan) {
+  absl::Status st = LaunchStep(plan);
+  if (!st.ok()) {
+    // What the failed step queued may still read its staging, which the next launch (the same
+    // parity) rewrites: let it drain first.
+    (void)cudaStreamSynchronize(backend_->stream());
+  }
+  return st;
+}
+
+absl::Status CudaWorker::LaunchStep(const StepPlan& plan) {
   const auto t0 = std::chrono::steady_clock::now();
   if (static_cast<int>(flights_.size()) >= kMaxInFlight) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -384,9 +414,13 @@ absl::Status CudaWorker::Launch(const StepPlan& plan) {
                                        seen, outputs, stream));
   }
   const void* outs_dev = d + at_out;
+  bool copied = false;  // the results are in the host staging once the step's work is done
   if (time_steps_) CUDA_RETURN_IF_ERROR(cudaEventRecord(st.begin.get(), stream));
   if (full) {
-    RETURN_IF_ERROR(RunFull(padded, sample_rows, dev_rows, dev_mask, &graph, &outs_dev));
+    void* host_outs =
+        st.host_mapped != nullptr ? static_cast<char*>(st.host_mapped) + at_out : nullptr;
+    RETURN_IF_ERROR(
+        RunFull(padded, sample_rows, dev_rows, dev_mask, host_outs, &graph, &outs_dev, &copied));
   } else {
     absl::StatusOr<Tensor> logits;
     if (mode == GraphMode::kPiecewise) {
@@ -427,7 +461,7 @@ absl::Status CudaWorker::Launch(const StepPlan& plan) {
     }
   }
   if (time_steps_) CUDA_RETURN_IF_ERROR(cudaEventRecord(st.end.get(), stream));
-  if (sample_rows > 0) {
+  if (sample_rows > 0 && !copied) {
     const size_t bytes = sizeof(cuda::SampleOut) * sample_rows;
     if (st.host_mapped != nullptr) {
       // A kernel writes the results straight into the pinned staging (zero-copy): 6-8 us less

@@ -69,6 +69,7 @@ class CudaWorker final : public Worker {
  private:
   struct FullGraph {
     CudaGraphExec exec;
+    cudaGraphNode_t copy_node = nullptr;  // the results' copy to the host (set per launch)
     std::vector<uintptr_t> baked;
     DeviceBuffer io;  // SampleOut[rows]: the step's results
     int32_t rows = 0;
@@ -106,10 +107,14 @@ class CudaWorker final : public Worker {
     double launch_seconds = 0;
   };
 
+  static_assert(kMaxInFlight <= 2, "the staging sets alternate by launch parity");
+
   CudaWorker() = default;
+  absl::Status LaunchStep(const StepPlan& plan);
   absl::Status EnsureCounts();
   absl::Status RunFull(int32_t padded, int64_t rows, const cuda::SampleRow* dev_rows,
-                       const int32_t* dev_mask, GraphRun* run, const void** outs);
+                       const int32_t* dev_mask, void* host_outs, GraphRun* run, const void** outs,
+                       bool* copied);
 
   std::unique_ptr<Dsv4Model> model_;
   CudaBackend* backend_ = nullptr;  // owned by model_

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/common/cuda_check.h"
@@ -106,34 +107,64 @@ class CudaEvent {
 class CudaGraphExec {
  public:
   CudaGraphExec() = default;
-  CudaGraphExec(CudaGraphExec&& o) noexcept : g_(std::exchange(o.g_, nullptr)) {}
+  CudaGraphExec(CudaGraphExec&& o) noexcept
+      : g_(std::exchange(o.g_, nullptr)), graph_(std::exchange(o.graph_, nullptr)) {}
   CudaGraphExec& operator=(CudaGraphExec&& o) noexcept {
     std::swap(g_, o.g_);
+    std::swap(graph_, o.graph_);
     return *this;
   }
   ~CudaGraphExec() {
     if (g_ != nullptr) CUDA_LOG_IF_ERROR(cudaGraphExecDestroy(g_));
+    if (graph_ != nullptr) CUDA_LOG_IF_ERROR(cudaGraphDestroy(graph_));
   }
-  // Ends the capture on `stream` and instantiates what was captured.
-  static absl::StatusOr<CudaGraphExec> EndCapture(cudaStream_t stream) {
+  // Ends the capture on `stream` and instantiates what was captured. `keep_graph`: the captured
+  // graph stays alive with the executable, so that its nodes can be updated (SinkNode).
+  static absl::StatusOr<CudaGraphExec> EndCapture(cudaStream_t stream, bool keep_graph = false) {
     cudaGraph_t graph = nullptr;
     CUDA_RETURN_IF_ERROR(cudaStreamEndCapture(stream, &graph));
     CudaGraphExec e;
     size_t nodes = 0;
     cudaError_t err = cudaGraphGetNodes(graph, nullptr, &nodes);
     if (err == cudaSuccess && nodes > 0) err = cudaGraphInstantiate(&e.g_, graph, 0);
-    CUDA_LOG_IF_ERROR(cudaGraphDestroy(graph));
+    if (keep_graph && err == cudaSuccess) {
+      e.graph_ = graph;
+    } else {
+      CUDA_LOG_IF_ERROR(cudaGraphDestroy(graph));
+    }
     CUDA_RETURN_IF_ERROR(err);
     return e;
+  }
+  // The captured graph's only node without dependents (null when there is not exactly one, or
+  // the graph was not kept).
+  cudaGraphNode_t SinkNode() const {
+    if (graph_ == nullptr) return nullptr;
+    size_t n = 0;
+    if (cudaGraphGetNodes(graph_, nullptr, &n) != cudaSuccess || n == 0) return nullptr;
+    std::vector<cudaGraphNode_t> nodes(n);
+    if (cudaGraphGetNodes(graph_, nodes.data(), &n) != cudaSuccess) return nullptr;
+    cudaGraphNode_t sink = nullptr;
+    for (cudaGraphNode_t node : nodes) {
+      size_t dependents = 0;
+      if (cudaGraphNodeGetDependentNodes(node, nullptr, nullptr, &dependents) != cudaSuccess) {
+        return nullptr;
+      }
+      if (dependents > 0) continue;
+      if (sink != nullptr) return nullptr;
+      sink = node;
+    }
+    return sink;
   }
   absl::Status Launch(cudaStream_t stream) const {
     if (g_ != nullptr) CUDA_RETURN_IF_ERROR(cudaGraphLaunch(g_, stream));
     return absl::OkStatus();
   }
   bool empty() const { return g_ == nullptr; }
+  cudaGraphExec_t get() const { return g_; }
 
  private:
   cudaGraphExec_t g_ = nullptr;
+  cudaGraph_t graph_ = nullptr;
 };
 
 }  // namespace dsv4
