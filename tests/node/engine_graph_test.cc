@@ -13,6 +13,7 @@
 
 #include "gtest/gtest.h"
 #include "node/engine.h"
+#include "tests/node/fake_worker.h"
 #include "tests/testing/checkpoint_writer.h"
 
 namespace dsv4 {
@@ -30,12 +31,7 @@ class FakeGraphWorker final : public Worker {
   explicit FakeGraphWorker(bool cuda_graphs) : cuda_graphs_(cuda_graphs) {}
 
   WorkerInfo info() const override {
-    WorkerInfo i;
-    i.device = "fake";
-    i.num_blocks = 64;
-    i.num_slots = 8;
-    i.block_size = 16;
-    i.max_model_len = 512;
+    WorkerInfo i = testing::FakeWorkerInfo();
     i.cuda_graphs = cuda_graphs_;
     return i;
   }
@@ -123,11 +119,7 @@ class EngineGraphTest : public ::testing::Test {
     for (int i = 0; i < prompt_len; ++i) req.mutable_token_ids()->add_ids(5 + i);
     req.set_max_tokens(max_tokens);
     req.set_ignore_eos(true);
-    NodeLimits limits;
-    limits.vocab_size = tokenizer_->vocab_size();
-    limits.max_model_len = 512;
-    limits.kv_capacity_tokens = 64 * 16;
-    auto validated = ValidateRequest(req, *tokenizer_, limits, 1);
+    auto validated = testing::ValidateForFakeWorker(req, *tokenizer_);
     ASSERT_TRUE(validated.ok()) << validated.status();
     auto sink = std::make_shared<PromiseSink>();
     auto done = sink->future();

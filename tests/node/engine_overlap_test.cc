@@ -12,6 +12,7 @@
 
 #include "gtest/gtest.h"
 #include "node/engine.h"
+#include "tests/node/fake_worker.h"
 #include "tests/testing/checkpoint_writer.h"
 
 namespace dsv4 {
@@ -24,12 +25,7 @@ int32_t Next(int32_t input, int32_t output_index) {
 class FakeChainWorker final : public Worker {
  public:
   WorkerInfo info() const override {
-    WorkerInfo i;
-    i.device = "fake";
-    i.num_blocks = 64;
-    i.num_slots = 8;
-    i.block_size = 16;
-    i.max_model_len = 512;
+    WorkerInfo i = testing::FakeWorkerInfo();
     i.overlap = true;
     return i;
   }
@@ -152,11 +148,7 @@ class EngineOverlapTest : public ::testing::Test {
       if (s.stop_token >= 0) req.add_stop_token_ids(s.stop_token);
       if (s.repetition_penalty != 1)
         req.mutable_sampling()->set_repetition_penalty(s.repetition_penalty);
-      NodeLimits limits;
-      limits.vocab_size = tokenizer_->vocab_size();
-      limits.max_model_len = 512;
-      limits.kv_capacity_tokens = 64 * 16;
-      auto validated = ValidateRequest(req, *tokenizer_, limits, 1);
+      auto validated = testing::ValidateForFakeWorker(req, *tokenizer_);
       EXPECT_TRUE(validated.ok()) << validated.status();
       auto sink = std::make_shared<CollectSink>();
       futures.push_back(sink->future());

@@ -43,17 +43,21 @@ class SimLoop {
                 static_cast<int64_t>(s.start_pos + s.tokens.size()) + kv_.block_size() - 1);
       EXPECT_GE(static_cast<int64_t>(s.block_table.size()) * kv_.block_size(),
                 static_cast<int64_t>(s.start_pos + s.tokens.size()));
-      if (!s.sample) continue;
-      const int32_t t = FakeToken(s.request_id, s.output_index);
-      auto& got = outputs_[s.request_id];
-      got.push_back(t);
-      if (static_cast<int>(got.size()) == max_tokens_[s.request_id]) {
-        sched_.Remove(s.request_id);
-      } else {
-        sched_.AppendToken(s.request_id, t);
-      }
+      if (s.sample) Sampled(s);
     }
     return out;
+  }
+
+  // The fake model's token for a sampled entry: kept, or the request's last (then removed).
+  void Sampled(const ScheduledSeq& s) {
+    const int32_t t = FakeToken(s.request_id, s.output_index);
+    auto& got = outputs_[s.request_id];
+    got.push_back(t);
+    if (static_cast<int>(got.size()) == max_tokens_[s.request_id]) {
+      sched_.Remove(s.request_id);
+    } else {
+      sched_.AppendToken(s.request_id, t);
+    }
   }
 
   void RunToCompletion(int max_steps = 10000) {
@@ -221,19 +225,10 @@ TEST(Scheduler, Deterministic) {
 
 // The engine's overlapped loop: a step is launched (committed, its samples pending), the next
 // decode step is planned ahead while it is "in flight", then the oldest step is collected.
-class OverlapLoop {
+// (SimLoop's requests and pools; its own step.)
+class OverlapLoop : public SimLoop {
  public:
-  OverlapLoop(int32_t blocks, int32_t slots, int32_t block_size, SchedulerConfig cfg)
-      : kv_(blocks, slots, block_size), sched_(cfg, &kv_) {}
-
-  void Add(uint64_t id, int prompt_len, int max_tokens) {
-    SchedRequest r;
-    r.id = id;
-    for (int i = 0; i < prompt_len; ++i) r.prompt.push_back(static_cast<int32_t>(100 + i));
-    r.sampling = std::make_shared<SamplingSpec>();
-    max_tokens_[id] = max_tokens;
-    sched_.Add(std::move(r));
-  }
+  using SimLoop::SimLoop;
 
   void Launch(const StepPlan& plan, bool ahead = false) {
     for (const ScheduledSeq& s : plan.seqs) {
@@ -265,15 +260,7 @@ class OverlapLoop {
     const StepPlan plan = in_flight_.front();
     in_flight_.pop_front();
     for (const ScheduledSeq& s : plan.seqs) {
-      if (!s.sample || !sched_.Has(s.request_id)) continue;  // finished since: row dropped
-      const int32_t t = FakeToken(s.request_id, s.output_index);
-      auto& got = outputs_[s.request_id];
-      got.push_back(t);
-      if (static_cast<int>(got.size()) == max_tokens_[s.request_id]) {
-        sched_.Remove(s.request_id);
-      } else {
-        sched_.AppendToken(s.request_id, t);
-      }
+      if (s.sample && sched_.Has(s.request_id)) Sampled(s);  // else finished since: dropped
     }
   }
 
@@ -298,29 +285,33 @@ class OverlapLoop {
     EXPECT_TRUE(sched_.idle());
   }
 
-  KvBlockManager kv_;
-  Scheduler sched_;
   std::deque<StepPlan> in_flight_;
-  std::map<uint64_t, int> max_tokens_;
-  std::map<uint64_t, std::vector<int32_t>> outputs_;
   int ahead_ = 0;
 };
 
-TEST(SchedulerOverlap, AheadStepsDeferTokensAndGiveTheSameOutputs) {
-  // Staggered lengths: requests finish (by length) while others decode, and late arrivals wait
-  // for a synchronous step to be admitted.
-  SimLoop sync(64, 4, 4, SchedulerConfig{4, 16, 0});
-  OverlapLoop overlap(64, 4, 4, SchedulerConfig{4, 16, 0});
-  for (uint64_t id = 1; id <= 6; ++id) {
-    sync.Add(id, static_cast<int>(2 + id), static_cast<int>(3 + 2 * id));
-    overlap.Add(id, static_cast<int>(2 + id), static_cast<int>(3 + 2 * id));
+// Requests 1..n (prompt 2 + id tokens, base + step * id outputs) through the synchronous and the
+// overlapped loop, 64 blocks of 4 tokens and 4 slots: the same outputs, every block and slot free
+// after. Returns the steps the overlapped loop planned ahead.
+int AheadStepsWithTheSameOutputs(SchedulerConfig cfg, int n, int base, int step) {
+  SimLoop sync(64, 4, 4, cfg);
+  OverlapLoop overlap(64, 4, 4, cfg);
+  for (uint64_t id = 1; id <= static_cast<uint64_t>(n); ++id) {
+    const int prompt = static_cast<int>(2 + id), outputs = base + step * static_cast<int>(id);
+    sync.Add(id, prompt, outputs);
+    overlap.Add(id, prompt, outputs);
   }
   sync.RunToCompletion();
   overlap.RunToCompletion();
   EXPECT_EQ(overlap.outputs_, sync.outputs_);
-  EXPECT_GT(overlap.ahead_, 10);
   EXPECT_EQ(overlap.kv_.free_blocks(), 64);
   EXPECT_EQ(overlap.kv_.free_slots(), 4);
+  return overlap.ahead_;
+}
+
+TEST(SchedulerOverlap, AheadStepsDeferTokensAndGiveTheSameOutputs) {
+  // Staggered lengths: requests finish (by length) while others decode, and late arrivals wait
+  // for a synchronous step to be admitted.
+  EXPECT_GT(AheadStepsWithTheSameOutputs(SchedulerConfig{4, 16, 0}, 6, 3, 2), 10);
 }
 
 TEST(SchedulerOverlap, AheadWaitsWhenTheStepNeedsResults) {
@@ -388,16 +379,7 @@ TEST(SchedulerOverlap, ASaturatedNodeKeepsOverlapping) {
   roomy.Add(2, 3, 100);
   EXPECT_FALSE(roomy.sched_.ScheduleAhead(all).has_value());
 
-  SimLoop sync(64, 4, 4, SchedulerConfig{2, 16, 0});
-  OverlapLoop overlap(64, 4, 4, SchedulerConfig{2, 16, 0});
-  for (uint64_t id = 1; id <= 5; ++id) {
-    sync.Add(id, static_cast<int>(2 + id), static_cast<int>(6 + 3 * id));
-    overlap.Add(id, static_cast<int>(2 + id), static_cast<int>(6 + 3 * id));
-  }
-  sync.RunToCompletion();
-  overlap.RunToCompletion();
-  EXPECT_EQ(overlap.outputs_, sync.outputs_);
-  EXPECT_GT(overlap.ahead_, 20);
+  EXPECT_GT(AheadStepsWithTheSameOutputs(SchedulerConfig{2, 16, 0}, 5, 6, 3), 20);
 }
 
 TEST(SchedulerOverlap, PenaltiesAndReleases) {
