@@ -43,6 +43,14 @@ class FakeChainWorker final : public Worker {
     return Worker::Launch(plan);
   }
 
+  // The `fail_collect_at_`-th collect (counting from 1) fails, as a device error would.
+  absl::StatusOr<StepResult> Collect() override {
+    absl::StatusOr<StepResult> r = Worker::Collect();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (++collects_ == fail_collect_at_) return absl::InternalError("injected collect failure");
+    return r;
+  }
+
   absl::StatusOr<StepResult> Execute(const StepPlan& plan) override {
     if (step_delay_.count() > 0) std::this_thread::sleep_for(step_delay_);
     StepResult r;
@@ -60,6 +68,7 @@ class FakeChainWorker final : public Worker {
   }
 
   void fail_deferred_launches() { fail_deferred_ = true; }
+  void fail_collect_at(int n) { fail_collect_at_ = n; }
   void set_step_delay(std::chrono::microseconds d) { step_delay_ = d; }
   int deferred_launches() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -72,6 +81,7 @@ class FakeChainWorker final : public Worker {
 
  private:
   bool fail_deferred_ = false;
+  int fail_collect_at_ = 0, collects_ = 0;
   std::chrono::microseconds step_delay_{0};
   mutable std::mutex mu_;
   int deferred_launches_ = 0;
@@ -284,6 +294,64 @@ TEST_F(EngineOverlapTest, AFailedOverlappedLaunchFailsItsRequestsAndTheEngineGoe
   ASSERT_TRUE(engine_->WaitIdle(std::chrono::seconds(10)));
   engine_->Stop();
   EXPECT_EQ(engine_->stats().free_blocks, engine_->stats().total_blocks);
+}
+
+TEST_F(EngineOverlapTest, AFailedCollectFailsTheStepFedOnItToo) {
+  // Collect 1 is the prefill; collect 3 fails while the step after it (fed on its tokens) is in
+  // flight: both steps' requests fail, and the engine serves the next request.
+  auto worker = std::make_unique<FakeChainWorker>();
+  worker->fail_collect_at(3);
+  StartEngine(OverlapMode::kOn, std::move(worker));
+  Spec s;
+  s.prompt = {70, 71, 72};
+  s.max_tokens = 20;
+  auto futures = Submit({s});
+  const Outcome o = Wait(futures[0]);
+  ASSERT_TRUE(o.last.has_error()) << o.last.DebugString();
+  EXPECT_NE(o.last.error().message().find("injected collect failure"), std::string::npos);
+  const std::vector<int32_t> chain = Expected(s);
+  EXPECT_EQ(o.tokens, std::vector<int32_t>(chain.begin(), chain.begin() + 2));
+  futures = Submit({s});
+  const Outcome next = Wait(futures[0]);
+  ASSERT_TRUE(next.last.has_finished()) << next.last.DebugString();
+  EXPECT_EQ(next.tokens, Expected(s));
+  ASSERT_TRUE(engine_->WaitIdle(std::chrono::seconds(10)));
+  engine_->Stop();
+  EXPECT_EQ(engine_->stats().free_blocks, engine_->stats().total_blocks);
+  EXPECT_EQ(worker_->in_flight(), 0);
+}
+
+TEST_F(EngineOverlapTest, ArrivalsDuringOverlapAndStopWithStepsInFlight) {
+  // 1 ms steps. A request arriving while another decodes ahead is admitted by a synchronous step
+  // and both streams stay exact; then Stop with steps in flight cancels what is left and leaves
+  // nothing launched.
+  auto worker = std::make_unique<FakeChainWorker>();
+  worker->set_step_delay(std::chrono::milliseconds(1));
+  StartEngine(OverlapMode::kOn, std::move(worker));
+  Spec first;
+  first.prompt = {80, 81, 82};
+  first.max_tokens = 60;
+  Spec second = first;
+  second.prompt = {90, 91};
+  second.max_tokens = 30;
+  auto a = Submit({first});
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  auto b = Submit({second});
+  const Outcome ob = Wait(b[0]);
+  const Outcome oa = Wait(a[0]);
+  EXPECT_EQ(oa.tokens, Expected(first));
+  EXPECT_EQ(ob.tokens, Expected(second));
+  EXPECT_GT(engine_->stats().overlapped_steps, 40u);
+
+  Spec long_one = first;
+  long_one.max_tokens = 400;
+  auto c = Submit({long_one});
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  engine_->Stop();
+  const Outcome oc = Wait(c[0]);
+  ASSERT_TRUE(oc.last.has_finished()) << oc.last.DebugString();
+  EXPECT_EQ(oc.last.finished().finish_reason(), v1::CANCELLED);
+  EXPECT_EQ(worker_->in_flight(), 0);
 }
 
 }  // namespace
