@@ -498,8 +498,9 @@ TEST(CudaGraphs, StepDeviceTimeIsMeasuredOnlyWhenAsked) {
 // synchronous twin worker runs the same plans with the tokens filled in on the host: the streams
 // and log-probabilities are equal, FULL graphs and eager alike. 3 requests in 4 slots, so FULL
 // steps sample a padding row, whose token must land in no slot; mid-way the steps reverse the
-// order of their sequences and then one request leaves, so a deferred token is found by its
-// slot, not by its row.
+// order of their sequences, a fourth request's prefill joins a step of deferred decodes (a
+// PIECEWISE step with graphs), and a request leaves, so a deferred token is found by its slot,
+// not by its row.
 TEST(CudaGraphs, OverlappedDecodeFeedsTheSampledTokens) {
   DSV4_REQUIRE_GPU();
   constexpr int kSlots = 4, kRequests = 3, kMaxNew = 12;
@@ -543,6 +544,19 @@ TEST(CudaGraphs, OverlappedDecodeFeedsTheSampledTokens) {
         ahead.seqs.push_back(std::move(s));
       }
       if (step == 4) std::reverse(ahead.seqs.begin(), ahead.seqs.end());
+      if (step == 6) {
+        // Request 4 (slot 3) joins with its prompt.
+        Req r;
+        for (int t = 0; t < 10; ++t) r.prompt.push_back(5 + 7 * t);
+        r.slot = 3;
+        const int32_t per_seq = static_cast<int32_t>(b[0].blocks.size());
+        for (int32_t k = 0; k < per_seq; ++k) r.blocks.push_back(3 * per_seq + k);
+        b.push_back(r);
+        ScheduledSeq s = SeqOf(b.back(), 3, Greedy());
+        s.tokens = r.prompt;
+        s.sample = true;
+        ahead.seqs.insert(ahead.seqs.begin() + 1, std::move(s));
+      }
       launch(std::move(ahead));
       EXPECT_EQ(w.in_flight(), 2);
       collect();
@@ -550,7 +564,7 @@ TEST(CudaGraphs, OverlappedDecodeFeedsTheSampledTokens) {
     collect();
     EXPECT_EQ(w.in_flight(), 0);
     if (graphs) {
-      EXPECT_EQ(full, kMaxNew - 1);
+      EXPECT_EQ(full, kMaxNew - 2);  // all decode steps but the one request 4 joins
     }
     // The twin: the same plans, each deferred token filled in from its own previous step.
     std::map<uint64_t, int32_t> last;
@@ -571,9 +585,10 @@ TEST(CudaGraphs, OverlappedDecodeFeedsTheSampledTokens) {
                                                           : 1e9f);
       }
     }
-    for (int i = 0; i < kRequests; ++i) {
+    ASSERT_EQ(b.size(), static_cast<size_t>(kRequests) + 1);
+    for (int i = 0; i <= kRequests; ++i) {
       const uint64_t id = static_cast<uint64_t>(i) + 1;
-      EXPECT_EQ(b[i].out.size(), id == 2 ? 8u : static_cast<size_t>(kMaxNew));
+      EXPECT_EQ(b[i].out.size(), id == 2 ? 8u : id == 4 ? 6u : static_cast<size_t>(kMaxNew));
       EXPECT_EQ(b[i].out, tokens[id]) << "request " << id;
       EXPECT_EQ(b[i].margin, margins[id]) << "request " << id;
     }
