@@ -54,8 +54,8 @@ class PromiseSink final : public RequestSink {
 // Overlapped decode: plan and queue step N+1 while step N runs on the worker (Worker::Launch), its
 // inputs being the tokens N samples (deferred, resolved by the worker). kAuto: when the worker
 // supports it (WorkerInfo::overlap, the GPU worker). Only steady decode overlaps: a step that
-// admits, prefills or must preempt, or a batch with penalties, waits for the previous results
-// (Scheduler::ScheduleAhead).
+// admits, prefills or must preempt waits for the previous results (Scheduler::ScheduleAhead).
+// Penalty counts take the deferred token on the worker too.
 enum class OverlapMode { kAuto, kOn, kOff };
 absl::StatusOr<OverlapMode> ParseOverlapMode(std::string_view s);
 

@@ -576,14 +576,18 @@ __global__ void ResetCountsKernel(const int32_t* rows, int64_t vocab, int32_t* s
   }
 }
 
-__global__ void AddCountsKernel(const int32_t* rows, const int32_t* tokens, const uint8_t* is_output,
-                                int64_t n, int64_t vocab, int32_t* seen, int32_t* output) {
+__global__ void AddCountsKernel(const int32_t* rows, const int32_t* tokens,
+                                const uint8_t* is_output, int64_t n, int64_t vocab,
+                                const int32_t* slot_tokens, int32_t* seen, int32_t* output) {
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < n;
        t += int64_t{gridDim.x} * blockDim.x) {
     const int32_t r = rows[t];
     if (r < 0) continue;
-    atomicAdd(&seen[static_cast<int64_t>(r) * vocab + tokens[t]], 1);
-    if (is_output[t]) atomicAdd(&output[static_cast<int64_t>(r) * vocab + tokens[t]], 1);
+    // A deferred token (< 0): the one last sampled into the row's slot.
+    const int32_t tok = tokens[t] >= 0 ? tokens[t] : slot_tokens != nullptr ? slot_tokens[r] : -1;
+    if (tok < 0 || tok >= vocab) continue;
+    atomicAdd(&seen[static_cast<int64_t>(r) * vocab + tok], 1);
+    if (is_output[t]) atomicAdd(&output[static_cast<int64_t>(r) * vocab + tok], 1);
   }
 }
 
@@ -621,8 +625,8 @@ absl::Status Sample(const float* logits, int64_t rows, int64_t vocab, const Samp
 
 absl::Status UpdateCounts(const int32_t* reset_rows, int64_t n_reset, const int32_t* rows,
                           const int32_t* tokens, const uint8_t* is_output, int64_t n_tokens,
-                          int64_t vocab, int32_t* seen_counts, int32_t* output_counts,
-                          cudaStream_t stream) {
+                          int64_t vocab, const int32_t* slot_tokens, int32_t* seen_counts,
+                          int32_t* output_counts, cudaStream_t stream) {
   if (n_reset > 0) {
     ResetCountsKernel<<<dim3(static_cast<unsigned>(std::min<int64_t>((vocab + 255) / 256, 512)),
                              static_cast<unsigned>(n_reset)),
@@ -631,7 +635,7 @@ absl::Status UpdateCounts(const int32_t* reset_rows, int64_t n_reset, const int3
   }
   if (n_tokens > 0) {
     AddCountsKernel<<<static_cast<unsigned>((n_tokens + 255) / 256), 256, 0, stream>>>(
-        rows, tokens, is_output, n_tokens, vocab, seen_counts, output_counts);
+        rows, tokens, is_output, n_tokens, vocab, slot_tokens, seen_counts, output_counts);
     CUDA_RETURN_IF_LAUNCH_ERROR();
   }
   return absl::OkStatus();

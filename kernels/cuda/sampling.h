@@ -49,9 +49,11 @@ absl::Status Sample(const float* logits, int64_t rows, int64_t vocab, const Samp
 
 // Penalty bookkeeping: zero the count rows listed in `reset_rows` (n_reset), then add each fed
 // token: seen[row[t]][token[t]] += 1, and output[...] += 1 when is_output[t]. Rows < 0 are skipped.
+// A token < 0 is deferred: the one last sampled into slot row[t] (slot_tokens[row[t]]; the count
+// rows are the state slots).
 absl::Status UpdateCounts(const int32_t* reset_rows, int64_t n_reset, const int32_t* rows,
                           const int32_t* tokens, const uint8_t* is_output, int64_t n_tokens,
-                          int64_t vocab, int32_t* seen_counts, int32_t* output_counts,
-                          cudaStream_t stream);
+                          int64_t vocab, const int32_t* slot_tokens, int32_t* seen_counts,
+                          int32_t* output_counts, cudaStream_t stream);
 
 }  // namespace dsv4::cuda

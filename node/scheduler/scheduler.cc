@@ -169,12 +169,6 @@ std::optional<StepPlan> Scheduler::ScheduleAhead(const std::function<bool(uint64
     Req& r = reqs_.at(id);
     // The pending token is the only one not yet cached: it is the next decode input.
     if (r.pending == 0 || r.known() - r.computed != 1) return std::nullopt;
-    // Penalty counts take the fed token on the host.
-    const SamplingSpec* sp = r.r.sampling.get();
-    if (sp != nullptr && (sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f ||
-                          sp->frequency_penalty != 0.0f)) {
-      return std::nullopt;
-    }
     if (!include(id)) continue;
     decodes.push_back(&r);
     new_blocks += std::max<int64_t>(

@@ -61,9 +61,8 @@ class Scheduler {
   // `include` is true (false: that token is known to be its last, e.g. at max_tokens). nullopt
   // when the step must wait for the results: a request is waiting for admission, a running
   // request has no token pending (a prefill in progress), or the KV blocks the step needs are
-  // not free (planning it would preempt), or a running request uses penalties (their counts take
-  // the fed token on the host). A waiting request holds the step back only while it could be
-  // admitted (a running slot and a state slot free): a saturated node keeps overlapping.
+  // not free (planning it would preempt). A waiting request holds the step back only while it
+  // could be admitted (a running slot and a state slot free): a saturated node keeps overlapping.
   std::optional<StepPlan> ScheduleAhead(const std::function<bool(uint64_t)>& include);
   // Gives back the releases of a plan the workers did not take (a failed launch).
   void RestoreReleases(std::vector<uint64_t> ids);

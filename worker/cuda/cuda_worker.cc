@@ -269,10 +269,6 @@ absl::Status CudaWorker::LaunchStep(const StepPlan& plan) {
             ": a deferred token, but the previous launched step did not sample it in slot ",
             s.state_slot));
       }
-      if (counts) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "request ", s.request_id, ": a deferred token cannot feed penalty counts"));
-      }
     }
     if (counts) {
       penalties = true;
@@ -411,7 +407,7 @@ absl::Status CudaWorker::LaunchStep(const StepPlan& plan) {
                                        reinterpret_cast<const int32_t*>(d + at_crow),
                                        reinterpret_cast<const int32_t*>(d + at_ctok),
                                        reinterpret_cast<const uint8_t*>(d + at_cout), nc, vocab,
-                                       seen, outputs, stream));
+                                       slot_tokens, seen, outputs, stream));
   }
   const void* outs_dev = d + at_out;
   bool copied = false;  // the results are in the host staging once the step's work is done
