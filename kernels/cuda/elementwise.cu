@@ -217,10 +217,11 @@ absl::Status CopyWords(const void* src, void* dst, size_t bytes, cudaStream_t st
 
 bool IsCopyWordsNode(cudaGraphNode_t node) {
   cudaGraphNodeType type;
-  if (cudaGraphNodeGetType(node, &type) != cudaSuccess || type != cudaGraphNodeTypeKernel) {
+  if (cudaGraphNodeGetType(node, &type) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
+  if (type != cudaGraphNodeTypeKernel) return false;
   cudaKernelNodeParams p{};
   if (cudaGraphKernelNodeGetParams(node, &p) != cudaSuccess) {
     (void)cudaGetLastError();

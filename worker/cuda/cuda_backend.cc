@@ -283,10 +283,13 @@ absl::Status CudaBackend::BeginStep(const StepMeta& meta) {
   CUDA_RETURN_IF_ERROR(cudaEventSynchronize(meta_copied_.get()));
   if (meta_host_.bytes() < bytes) {
     const size_t cap = std::max<size_t>(bytes * 2, 64 << 10);
-    ASSIGN_OR_RETURN(meta_host_, AllocPinned(cap));
+    // Both buffers or neither: a failed allocation leaves the old pair in place.
+    ASSIGN_OR_RETURN(PinnedBuffer host, AllocPinned(cap));
     // Kernels of earlier steps may still read the old device buffer.
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
-    ASSIGN_OR_RETURN(meta_dev_, AllocDevice(cap));
+    ASSIGN_OR_RETURN(DeviceBuffer dev, AllocDevice(cap));
+    meta_host_ = std::move(host);
+    meta_dev_ = std::move(dev);
     ++meta_generation_;  // graphs captured against the old buffer must be captured again
   }
   auto* host = static_cast<int32_t*>(meta_host_.get());

@@ -210,8 +210,21 @@ absl::Status CudaWorker::RunFull(int32_t padded, int64_t rows, const cuda::Sampl
     run->capture_seconds += Since(t0);
   }
   if (g.copy_node != nullptr) {
-    RETURN_IF_ERROR(
-        cuda::SetCopyWordsNode(g.exec.get(), g.copy_node, dev_outs, host_outs, outs_bytes));
+    const absl::Status set =
+        cuda::SetCopyWordsNode(g.exec.get(), g.copy_node, dev_outs, host_outs, outs_bytes);
+    if (!set.ok()) {
+      // Nothing is queued yet: this size runs eagerly from now on, as after a failed capture.
+      (void)cudaGetLastError();
+      std::fprintf(stderr, "cuda worker: %s; FULL graphs of %d tokens run eagerly\n",
+                   std::string(set.message()).c_str(), padded);
+      g.failed = true;
+      g.captured = false;
+      ++run->capture_failures;
+      ++stats_.fallbacks;
+      run->fallback = true;
+      run->mode = GraphMode::kEager;
+      return issue();
+    }
   }
   RETURN_IF_ERROR(g.exec.Launch(stream));
   ++run->replays;
@@ -232,8 +245,10 @@ absl::Status CudaWorker::Launch(const StepPlan& plan) {
   absl::Status st = LaunchStep(plan);
   if (!st.ok()) {
     // What the failed step queued may still read its staging, which the next launch (the same
-    // parity) rewrites: let it drain first.
-    (void)cudaStreamSynchronize(backend_->stream());
+    // parity) rewrites: let it drain first. A payload the failed step set but no step took must
+    // not reach a later one.
+    backend_->SetStepPayload(nullptr, 0);
+    if (cudaStreamSynchronize(backend_->stream()) != cudaSuccess) (void)cudaGetLastError();
   }
   return st;
 }
@@ -318,15 +333,19 @@ absl::Status CudaWorker::LaunchStep(const StepPlan& plan) {
   if (st.host.bytes() < pack.size()) {
     const size_t cap = pack.size() * 2;
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(backend_->stream()));
-    ASSIGN_OR_RETURN(st.host, AllocPinned(cap));
-    ASSIGN_OR_RETURN(st.dev, AllocDevice(cap));
+    // Both buffers or neither: a failed allocation leaves the set as it was.
+    ASSIGN_OR_RETURN(PinnedBuffer host, AllocPinned(cap));
+    ASSIGN_OR_RETURN(DeviceBuffer dev, AllocDevice(cap));
     // The device's view of the pinned staging (the same address under unified addressing); a
     // platform without mapped pinned memory copies the results back with the copy engine.
-    st.host_mapped = nullptr;
-    if (cudaHostGetDevicePointer(&st.host_mapped, st.host.get(), 0) != cudaSuccess) {
+    void* mapped = nullptr;
+    if (cudaHostGetDevicePointer(&mapped, host.get(), 0) != cudaSuccess) {
       (void)cudaGetLastError();
-      st.host_mapped = nullptr;
+      mapped = nullptr;
     }
+    st.host = std::move(host);
+    st.dev = std::move(dev);
+    st.host_mapped = mapped;
   }
   char* h = static_cast<char*>(st.host.get());
   char* d = static_cast<char*>(st.dev.get());

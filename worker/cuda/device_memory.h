@@ -139,15 +139,20 @@ class CudaGraphExec {
   // the graph was not kept).
   cudaGraphNode_t SinkNode() const {
     if (graph_ == nullptr) return nullptr;
+    auto failed = [] {
+      (void)cudaGetLastError();  // not left for the next launch check
+      return static_cast<cudaGraphNode_t>(nullptr);
+    };
     size_t n = 0;
-    if (cudaGraphGetNodes(graph_, nullptr, &n) != cudaSuccess || n == 0) return nullptr;
+    if (cudaGraphGetNodes(graph_, nullptr, &n) != cudaSuccess) return failed();
+    if (n == 0) return nullptr;
     std::vector<cudaGraphNode_t> nodes(n);
-    if (cudaGraphGetNodes(graph_, nodes.data(), &n) != cudaSuccess) return nullptr;
+    if (cudaGraphGetNodes(graph_, nodes.data(), &n) != cudaSuccess) return failed();
     cudaGraphNode_t sink = nullptr;
     for (cudaGraphNode_t node : nodes) {
       size_t dependents = 0;
       if (cudaGraphNodeGetDependentNodes(node, nullptr, nullptr, &dependents) != cudaSuccess) {
-        return nullptr;
+        return failed();
       }
       if (dependents > 0) continue;
       if (sink != nullptr) return nullptr;
