@@ -169,6 +169,17 @@ absl::Status CudaWorker::RunFull(int32_t padded, int64_t rows, const cuda::Sampl
     if (host_outs == nullptr) return absl::OkStatus();
     return cuda::CopyWords(dev_outs, host_outs, outs_bytes, stream);
   };
+  // A graph this size cannot use (its capture or its update failed; nothing of it was queued):
+  // the size runs eagerly from now on, this step included, and the step reports the fallback.
+  auto run_eagerly = [&]() -> absl::Status {
+    g.failed = true;
+    g.captured = false;
+    ++run->capture_failures;
+    ++stats_.fallbacks;
+    run->fallback = true;
+    run->mode = GraphMode::kEager;
+    return issue();
+  };
   std::vector<uintptr_t> baked = backend_->Baked(/*with_head=*/true);
   baked.push_back(reinterpret_cast<uintptr_t>(dev_rows));
   baked.push_back(reinterpret_cast<uintptr_t>(dev_mask));
@@ -193,13 +204,7 @@ absl::Status CudaWorker::RunFull(int32_t padded, int64_t rows, const cuda::Sampl
     if (!exec.ok()) {
       // Nothing ran during the capture: the staged step still runs, eagerly.
       backend_->AbortGraphs();
-      g.failed = true;
-      g.captured = false;
-      ++run->capture_failures;
-      ++stats_.fallbacks;
-      run->fallback = true;
-      run->mode = GraphMode::kEager;
-      return issue();
+      return run_eagerly();
     }
     g.exec = *std::move(exec);
     g.copy_node = copy_node;
@@ -213,17 +218,10 @@ absl::Status CudaWorker::RunFull(int32_t padded, int64_t rows, const cuda::Sampl
     const absl::Status set =
         cuda::SetCopyWordsNode(g.exec.get(), g.copy_node, dev_outs, host_outs, outs_bytes);
     if (!set.ok()) {
-      // Nothing is queued yet: this size runs eagerly from now on, as after a failed capture.
       (void)cudaGetLastError();
       std::fprintf(stderr, "cuda worker: %s; FULL graphs of %d tokens run eagerly\n",
                    std::string(set.message()).c_str(), padded);
-      g.failed = true;
-      g.captured = false;
-      ++run->capture_failures;
-      ++stats_.fallbacks;
-      run->fallback = true;
-      run->mode = GraphMode::kEager;
-      return issue();
+      return run_eagerly();
     }
   }
   RETURN_IF_ERROR(g.exec.Launch(stream));
