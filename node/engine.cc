@@ -29,6 +29,13 @@ v1::Channel ToChannel(Phase p) {
   return p == Phase::kReasoning ? v1::CHANNEL_REASONING : v1::CHANNEL_CONTENT;
 }
 
+// The requests of a plan's entries (the ones a failed step fails).
+std::vector<uint64_t> RequestIds(const StepPlan& plan) {
+  std::vector<uint64_t> ids;
+  for (const ScheduledSeq& s : plan.seqs) ids.push_back(s.request_id);
+  return ids;
+}
+
 }  // namespace
 
 absl::StatusOr<OverlapMode> ParseOverlapMode(std::string_view s) {
@@ -37,6 +44,11 @@ absl::StatusOr<OverlapMode> ParseOverlapMode(std::string_view s) {
   if (s == "off") return OverlapMode::kOff;
   return absl::InvalidArgumentError(
       absl::StrCat("overlap mode must be auto, on or off, got '", AV(s), "'"));
+}
+
+bool OverlapActive(OverlapMode mode, const WorkerInfo& info) {
+  return info.max_in_flight >= 2 &&
+         (mode == OverlapMode::kOn || (mode == OverlapMode::kAuto && info.overlap));
 }
 
 Engine::Engine(EngineConfig config, std::unique_ptr<Worker> worker, const Tokenizer* tokenizer,
@@ -49,9 +61,7 @@ Engine::Engine(EngineConfig config, std::unique_ptr<Worker> worker, const Tokeni
       kv_(worker_info_.num_blocks, worker_info_.num_slots, worker_info_.block_size),
       scheduler_(config.scheduler, &kv_) {
   // (`on` with a worker that takes one step at a time, e.g. while it profiles ops: off, logged.)
-  overlap_ = worker_info_.max_in_flight >= 2 &&
-             (config.overlap == OverlapMode::kOn ||
-              (config.overlap == OverlapMode::kAuto && worker_info_.overlap));
+  overlap_ = OverlapActive(config.overlap, worker_info_);
   if (config.overlap == OverlapMode::kOn && !overlap_) {
     LogWarning("overlap_steps_unavailable",
                {{"reason", "the worker runs one step at a time"},
@@ -263,17 +273,10 @@ bool Engine::LaunchStep(StepPlan plan, Clock::time_point t0) {
   }
   const absl::Status launched = worker_->Launch(plan);
   if (!launched.ok()) {
-    LogError("worker_step_failed", {{"step", static_cast<int64_t>(plan.step_id)},
-                                    {"error", std::string(launched.message())}});
-    if (metrics_) {
-      metrics_->worker_errors->Increment();
-      metrics_->worker_up->Set(0);
-    }
+    WorkerFailed(plan.step_id, launched);
     // The worker did not take the plan's releases: they go with a later one.
     scheduler_.RestoreReleases(std::move(plan.released));
-    std::vector<uint64_t> ids;
-    for (const ScheduledSeq& s : plan.seqs) ids.push_back(s.request_id);
-    FailAll(ids, launched);
+    FailAll(RequestIds(plan), launched);
     return false;
   }
   // The step's tokens count as cached from now on; what it samples is pending until collected.
@@ -291,17 +294,12 @@ void Engine::CollectStep() {
   const StepPlan& plan = f.plan;
   auto result = worker_->Collect();
   if (!result.ok()) {
-    LogError("worker_step_failed", {{"step", static_cast<int64_t>(plan.step_id)},
-                                    {"error", std::string(result.status().message())}});
-    if (metrics_) {
-      metrics_->worker_errors->Increment();
-      metrics_->worker_up->Set(0);
-    }
+    WorkerFailed(plan.step_id, result.status());
     // A later launched step fed on this one's tokens: it fails with it.
-    std::vector<uint64_t> ids;
-    for (const ScheduledSeq& s : plan.seqs) ids.push_back(s.request_id);
+    std::vector<uint64_t> ids = RequestIds(plan);
     for (const InFlight& later : in_flight_) {
-      for (const ScheduledSeq& s : later.plan.seqs) ids.push_back(s.request_id);
+      const std::vector<uint64_t> more = RequestIds(later.plan);
+      ids.insert(ids.end(), more.begin(), more.end());
     }
     DrainInFlight();
     FailAll(ids, result.status());
@@ -368,6 +366,15 @@ void Engine::CollectStep() {
     metrics_->step_batch_tokens->Observe(static_cast<double>(plan.num_tokens()));
   }
   last_collect_ = Clock::now();
+}
+
+void Engine::WorkerFailed(uint64_t step, const absl::Status& status) {
+  LogError("worker_step_failed",
+           {{"step", static_cast<int64_t>(step)}, {"error", std::string(status.message())}});
+  if (metrics_) {
+    metrics_->worker_errors->Increment();
+    metrics_->worker_up->Set(0);
+  }
 }
 
 void Engine::DrainInFlight() {

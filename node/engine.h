@@ -58,6 +58,9 @@ class PromiseSink final : public RequestSink {
 // Penalty counts take the deferred token on the worker too.
 enum class OverlapMode { kAuto, kOn, kOff };
 absl::StatusOr<OverlapMode> ParseOverlapMode(std::string_view s);
+// Whether steps overlap under `mode` on a worker described by `info` (`on` needs a worker that
+// takes two steps at a time).
+bool OverlapActive(OverlapMode mode, const WorkerInfo& info);
 
 struct EngineConfig {
   SchedulerConfig scheduler;
@@ -142,6 +145,8 @@ class Engine {
   // Returns false when nothing could be scheduled. With overlap, launches the next decode step
   // before collecting the one in flight.
   bool RunStep();
+  // A failed Launch or Collect of `step`: logged and counted (worker_errors, worker_up 0).
+  void WorkerFailed(uint64_t step, const absl::Status& status);
   // Launches a planned step; false when the worker refused it (its requests are failed).
   bool LaunchStep(StepPlan plan, Clock::time_point t0);
   // Collects the oldest launched step and streams its tokens.

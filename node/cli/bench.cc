@@ -22,6 +22,7 @@
 #include "common/status.h"
 #include "node/cli/commands.h"
 #include "node/cli/model_flags.h"
+#include "node/engine.h"
 #include "node/scheduler/graph_policy.h"
 
 namespace dsv4::cli {
@@ -87,7 +88,8 @@ class Bench final : public Command {
     app.add_option("--overlap-steps", overlap_,
                    "decode as serving with --overlap-steps does: each step launched before the "
                    "previous one's tokens are read, fed them on the device (auto: when the worker "
-                   "supports it)")
+                   "supports it; as serving, on is off with a worker that takes one step at a "
+                   "time)")
         ->check(CLI::IsMember({"auto", "on", "off"}));
   }
 
@@ -116,7 +118,9 @@ class Bench final : public Command {
     const WorkerInfo info = (*worker)->info();
     const ModelConfig& config = flags_.config();
     const bool gpu = info.device != "cpu";
-    const bool overlap = overlap_ == "on" || (overlap_ == "auto" && info.overlap);
+    auto overlap_mode = ParseOverlapMode(overlap_);
+    if (!overlap_mode.ok()) return Fail(overlap_mode.status());
+    const bool overlap = OverlapActive(*overlap_mode, info);
     const double mbytes = gpu && flags_.precision == "bf16" ? 2.0 : 4.0;
     std::printf("model: %s\n", config.Summary().c_str());
     std::printf("device=%s precision=%s prompt_len=%d decode_steps=%d repeats=%d overlap=%s\n",
