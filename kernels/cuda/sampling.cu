@@ -8,6 +8,15 @@ namespace {
 
 constexpr int kThreads = 1024;
 
+// The top entries past the requested count get id -1 and log-probability 0, so every byte of a
+// result is written (the whole record is copied back to the host).
+__device__ __forceinline__ void ClearUnusedTops(SampleOut* o, int from) {
+  for (int n = from < 0 ? 0 : from; n < kMaxLogprobs; ++n) {
+    o->top_ids[n] = -1;
+    o->top_logprobs[n] = 0.0f;
+  }
+}
+
 __device__ __forceinline__ double Gumbel(uint64_t seed, uint64_t step, int64_t i) {
   return -log(-log(CounterUniform(seed, SamplingCounter(step, i))));
 }
@@ -201,6 +210,7 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) {
     o->token = token;
     o->logprob = p.logprobs > 0 ? static_cast<float>(raw[token] - lse) : 0.0f;
+    ClearUnusedTops(o, p.logprobs);
     if (slot_tokens != nullptr && p.slot >= 0) slot_tokens[p.slot] = token;
   }
 }
@@ -562,6 +572,7 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) {
     o->token = token;
     o->logprob = nlp > 0 ? static_cast<float>(raw[token] - slse) : 0.0f;
+    ClearUnusedTops(o, nlp);
     if (slot_tokens != nullptr && p.slot >= 0) slot_tokens[p.slot] = token;
   }
 }
