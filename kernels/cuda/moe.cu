@@ -4,6 +4,7 @@
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 
+#include "common/status.h"
 #include "kernels/common/cuda_check.h"
 #include "kernels/cuda/common.cuh"
 
@@ -106,19 +107,61 @@ __global__ void SwiGluKernel(const float* gu, int64_t rows, int64_t inter, float
   }
 }
 
+// The tensor-core expert kernels' group: the mma n, assignments per weight load (ExpertMmaKernel).
+// Experts with more are ExpertMmaWideKernel's.
+constexpr int kMmaTokens = 8;
+
 // Expert boundaries from the sorted expert ids: offsets[e] = first sorted assignment of expert e
 // (experts without assignments start where the next one does), active[i] = the i-th expert that
-// has assignments, *num_active. Single block: per-expert counts (integer shared-memory atomics,
+// has assignments, *num_active, and wide[i] / *num_wide the same for the experts with more than
+// kMmaTokens. Single block: per-expert counts (integer shared-memory atomics,
 // so the result does not depend on their order) and block scans; an earlier version walked the
 // experts serially in one thread, a long dependent chain of global accesses at every step.
 constexpr int kOffsetsThreads = 1024;
+using OffsetsScan = cub::BlockScan<int32_t, kOffsetsThreads>;
+
+// From per-expert counts: offsets[e] (the running sum), the active list and the wide list
+// (experts with more than kMmaTokens; none when `wide` is null); chunks of kOffsetsThreads
+// experts carry the totals
+// (uniform trip count). With `rebase`, count[e] becomes offsets[e] (each thread touches only its
+// own entries). Returns {assignments counted, active, wide}, the same in every thread.
+__device__ int3 ExpertLists(int32_t* count, int64_t experts, bool rebase,
+                            OffsetsScan::TempStorage& scan, int32_t* offsets, int32_t* active,
+                            int32_t* wide) {
+  int32_t start = 0, ranked = 0, wide_ranked = 0;
+  for (int64_t base = 0; base < experts; base += kOffsetsThreads) {
+    const int64_t e = base + threadIdx.x;
+    const int32_t c = e < experts ? count[e] : 0;
+    int32_t off, total, rank, total_active, wrank, total_wide;
+    OffsetsScan(scan).ExclusiveSum(c, off, total);
+    __syncthreads();  // the scan storage is reused
+    OffsetsScan(scan).ExclusiveSum(c > 0 ? 1 : 0, rank, total_active);
+    __syncthreads();
+    wrank = total_wide = 0;
+    if (wide != nullptr) {  // uniform: no wide list where no expert can have more than 8
+      OffsetsScan(scan).ExclusiveSum(c > kMmaTokens ? 1 : 0, wrank, total_wide);
+      __syncthreads();
+    }
+    if (e < experts) {
+      offsets[e] = start + off;
+      if (rebase) count[e] = start + off;
+      if (c > 0) active[ranked + rank] = static_cast<int32_t>(e);
+      if (wide != nullptr && c > kMmaTokens) wide[wide_ranked + wrank] = static_cast<int32_t>(e);
+    }
+    start += total;
+    ranked += total_active;
+    wide_ranked += total_wide;
+  }
+  return make_int3(start, ranked, wide_ranked);
+}
+
 __global__ void __launch_bounds__(kOffsetsThreads)
     OffsetsKernel(const int32_t* sorted_experts, int64_t assignments, int64_t experts,
-                  int32_t* offsets, int32_t* active, int32_t* num_active) {
+                  int32_t* offsets, int32_t* active, int32_t* num_active, int32_t* wide,
+                  int32_t* num_wide) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   int32_t* count = reinterpret_cast<int32_t*>(smem_raw);  // [experts]
-  using Scan = cub::BlockScan<int32_t, kOffsetsThreads>;
-  __shared__ typename Scan::TempStorage scan;
+  __shared__ OffsetsScan::TempStorage scan;
   for (int64_t e = threadIdx.x; e < experts; e += kOffsetsThreads) count[e] = 0;
   __syncthreads();
   for (int64_t a = threadIdx.x; a < assignments; a += kOffsetsThreads) {
@@ -126,26 +169,11 @@ __global__ void __launch_bounds__(kOffsetsThreads)
     if (e >= 0 && e < experts) atomicAdd(&count[e], 1);
   }
   __syncthreads();
-  // Chunks of kOffsetsThreads experts, carrying the running totals (uniform trip count).
-  int32_t start = 0, ranked = 0;
-  for (int64_t base = 0; base < experts; base += kOffsetsThreads) {
-    const int64_t e = base + threadIdx.x;
-    const int32_t c = e < experts ? count[e] : 0;
-    int32_t off, total, rank, total_active;
-    Scan(scan).ExclusiveSum(c, off, total);
-    __syncthreads();  // the scan storage is reused
-    Scan(scan).ExclusiveSum(c > 0 ? 1 : 0, rank, total_active);
-    __syncthreads();
-    if (e < experts) {
-      offsets[e] = start + off;
-      if (c > 0) active[ranked + rank] = static_cast<int32_t>(e);
-    }
-    start += total;
-    ranked += total_active;
-  }
+  const int3 totals = ExpertLists(count, experts, false, scan, offsets, active, wide);
   if (threadIdx.x == 0) {
     offsets[experts] = static_cast<int32_t>(assignments);
-    *num_active = ranked;
+    *num_active = totals.y;
+    *num_wide = totals.z;
   }
 }
 
@@ -158,12 +186,12 @@ __global__ void __launch_bounds__(kOffsetsThreads)
 constexpr int kSmallSortMax = kOffsetsThreads;
 __global__ void __launch_bounds__(kOffsetsThreads)
     SmallSortKernel(const int32_t* idx, int64_t assignments, int64_t experts, int32_t* order,
-                    int32_t* offsets, int32_t* active, int32_t* num_active) {
+                    int32_t* offsets, int32_t* active, int32_t* num_active, int32_t* wide,
+                    int32_t* num_wide) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   int32_t* count = reinterpret_cast<int32_t*>(smem_raw);  // [experts]
   __shared__ int32_t ex[kSmallSortMax];
-  using Scan = cub::BlockScan<int32_t, kOffsetsThreads>;
-  __shared__ typename Scan::TempStorage scan;
+  __shared__ OffsetsScan::TempStorage scan;
   for (int64_t e = threadIdx.x; e < experts; e += kOffsetsThreads) count[e] = 0;
   if (threadIdx.x < assignments) ex[threadIdx.x] = idx[threadIdx.x];
   __syncthreads();
@@ -172,26 +200,11 @@ __global__ void __launch_bounds__(kOffsetsThreads)
     if (e >= 0 && e < experts) atomicAdd(&count[e], 1);
   }
   __syncthreads();
-  int32_t start = 0, ranked = 0;
-  for (int64_t base = 0; base < experts; base += kOffsetsThreads) {
-    const int64_t e = base + threadIdx.x;
-    const int32_t c = e < experts ? count[e] : 0;
-    int32_t off, total, rank, total_active;
-    Scan(scan).ExclusiveSum(c, off, total);
-    __syncthreads();
-    Scan(scan).ExclusiveSum(c > 0 ? 1 : 0, rank, total_active);
-    __syncthreads();
-    if (e < experts) {
-      offsets[e] = start + off;
-      count[e] = start + off;  // only this thread touches count[e]
-      if (c > 0) active[ranked + rank] = static_cast<int32_t>(e);
-    }
-    start += total;
-    ranked += total_active;
-  }
+  const int3 totals = ExpertLists(count, experts, true, scan, offsets, active, wide);
   if (threadIdx.x == 0) {
-    offsets[experts] = start;
-    *num_active = ranked;
+    offsets[experts] = totals.x;
+    *num_active = totals.y;
+    *num_wide = totals.z;
   }
   __syncthreads();
   if (threadIdx.x < assignments) {
@@ -364,7 +377,6 @@ __global__ void __launch_bounds__(kGemmThreads) GroupedGemvKernel(
 // added in warp order: deterministic.
 constexpr int kMmaThreads = 256;
 constexpr int kMmaWarps = kMmaThreads / 32;
-constexpr int kMmaTokens = 8;    // the mma n: assignments per group
 constexpr int kMmaKBlock = 32;   // k per lane-quad 16-byte load: two m16n8k16 steps
 constexpr int kMmaUnroll = 8;    // k blocks loaded before use: 2 * 8 16-byte loads per lane
 constexpr int kStageUnroll = 4;  // staging loads in flight per thread
@@ -545,6 +557,222 @@ absl::Status LaunchSplitGemv(const float* x, int64_t m, int64_t k, const W* w, i
   return absl::OkStatus();
 }
 
+// One warp's tile of an expert's weight W [rows, k_in] (bf16): output columns out_lo (accumulator
+// rows grp: c0, c1) and out_hi (rows grp + 8: c2, c3), and the lane's 16-byte weight streams of
+// the W rows behind them. kSwiGlu: gate row c and up row I + c of column c = tile * 8 + grp;
+// otherwise rows tile * 16 + grp and + 8. Rows past the end read row 0 instead (in bounds; their
+// results are not stored).
+struct MmaTile {
+  int64_t out_lo, out_hi;
+  bool ok_lo, ok_hi;
+  bool live;  // the tile has any rows (uniform across the warp)
+  const uint4* wlo;
+  const uint4* whi;
+};
+
+template <bool kSwiGlu>
+__device__ __forceinline__ MmaTile MakeMmaTile(const __nv_bfloat16* weight, int32_t e, int64_t tile,
+                                               int64_t n_out, int64_t k_in) {
+  const int lane = threadIdx.x & 31, grp = lane >> 2, quad = lane & 3;
+  const int64_t w_rows = kSwiGlu ? 2 * n_out : n_out;
+  const __nv_bfloat16* we = weight + static_cast<int64_t>(e) * w_rows * k_in;
+  MmaTile t;
+  int64_t row_lo, row_hi;
+  if constexpr (kSwiGlu) {
+    t.out_lo = t.out_hi = tile * 8 + grp;
+    row_lo = t.out_lo;          // gate
+    row_hi = n_out + t.out_lo;  // up
+    t.live = tile * 8 < n_out;
+  } else {
+    t.out_lo = tile * 16 + grp;
+    t.out_hi = t.out_lo + 8;
+    row_lo = t.out_lo;
+    row_hi = t.out_hi;
+    t.live = tile * 16 < n_out;
+  }
+  t.ok_lo = t.out_lo < n_out;
+  t.ok_hi = t.out_hi < n_out;
+  t.wlo = reinterpret_cast<const uint4*>(we + (t.ok_lo ? row_lo : 0) * k_in) + quad;
+  t.whi = reinterpret_cast<const uint4*>(we + (t.ok_hi ? row_hi : 0) * k_in) + quad;
+  return t;
+}
+
+// Stores one group's accumulators: tokens g0 + 2 * quad (c0/c2) and g0 + 2 * quad + 1 (c1/c3)
+// of the ng in the group. kSwiGlu: acc[h] gate and acc[2 + h] up of column out_lo, h (bf16) in
+// assignment order; otherwise rows out_lo and out_hi of y (fp32), at order[a] with scatter_out.
+template <bool kSwiGlu>
+__device__ __forceinline__ void StoreMmaGroup(const float (&acc)[4], int32_t g0, int ng, int quad,
+                                              int64_t out_lo, int64_t out_hi, bool ok_lo,
+                                              bool ok_hi, int64_t n_out, float limit,
+                                              bool scatter_out, const int32_t* order, void* y) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int j = 2 * quad + h;
+    if (j >= ng) continue;
+    if constexpr (kSwiGlu) {
+      if (ok_lo) {
+        // SwiGluKernel's clamps and expression.
+        const float gate = fminf(acc[h], limit);
+        const float up = fminf(fmaxf(acc[2 + h], -limit), limit);
+        static_cast<__nv_bfloat16*>(y)[static_cast<int64_t>(g0 + j) * n_out + out_lo] =
+            __float2bfloat16_rn(gate / (1.0f + expf(-gate)) * up);
+      }
+    } else {
+      const int64_t dst = scatter_out ? order[g0 + j] : g0 + j;
+      float* yr = static_cast<float*>(y) + dst * n_out;
+      if (ok_lo) yr[out_lo] = acc[h];
+      if (ok_hi) yr[out_hi] = acc[2 + h];
+    }
+  }
+}
+
+// ExpertMmaKernel's companion for the experts with more than kMmaTokens assignments (the other
+// kernel skips them): up to kWideTokens of their assignments (kWideGroups groups of 8) share each
+// weight load, so a warp streams its rows once per kWideTokens assignments instead of once per 8.
+// At an 8k-token prefill an expert has ~190 assignments: 24 passes over its weights become 3; at
+// decode batch 256 the experts with 9-16 read theirs once instead of twice. A pass stages its
+// tokens' activations for as many k blocks as fit the shared memory (up to kMmaMaxSmemBytes: the
+// whole K of 4096 for 2-3 groups, a third of it for 8), so K goes in chunks with two barriers
+// each; the weight batches stay in registers across them, so each chunk's weights are requested
+// before its staging. Word (kb, g, j, q) of a chunk (its k block kb, token j of group g, quarter
+// q) is at (kb * groups + g) * 32 + 4 j + q, so lane l reads word (kb * groups + g) * 32 + l, as
+// in the narrow layout. Per group the products go through the same mma sequence as in
+// ExpertMmaKernel with kSplitK 1 (k blocks in order, two steps each): the same bits. One block
+// per SM (the 8 groups' accumulators and 8 k blocks of weights take ~240 registers), so it is
+// launched only where an expert can have more than 8 assignments, i.e. more than 8 tokens.
+constexpr int kWideUnroll = 4;  // k blocks of weights in registers per lane
+// Two blocks per SM (16 warps streaming weights; one block of 8 warps reached half the
+// bandwidth): at most 128 registers per thread and 100 KiB of staged activations per block.
+constexpr int kWideBlocksPerSm = 2;
+constexpr size_t kWideMaxSmemBytes = 100 * 1024;
+template <typename X, bool kSwiGlu, int kWideGroups>
+__global__ void __launch_bounds__(kMmaThreads, kWideBlocksPerSm)
+    ExpertMmaWideKernel(const X* x, int64_t ldx, bool by_token, bool scatter_out, int64_t top_k,
+                        const __nv_bfloat16* weight, int64_t n_out, int64_t k_in, float limit,
+                        const int32_t* order, const int32_t* offsets, const int32_t* wide,
+                        const int32_t* num_wide, int smem_words, void* y) {
+  constexpr int kWideTokens = kWideGroups * kMmaTokens;
+  // Staging loads in flight per thread: fewer where the accumulators take more registers.
+  constexpr int kWideStageUnroll = kWideGroups > 4 ? 2 : 4;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  uint4* sx = reinterpret_cast<uint4*>(smem_raw);  // smem_words 16-byte words
+  // Block y takes the y-th expert of the wide list (the sort kernels write it).
+  if (static_cast<int32_t>(blockIdx.y) >= *num_wide) return;  // uniform across the block
+  const int32_t e = wide[blockIdx.y];
+  const int32_t a0 = offsets[e], a1 = offsets[e + 1];
+  const int64_t tile = static_cast<int64_t>(blockIdx.x) * kMmaWarps + threadIdx.x / 32;
+  const MmaTile mt = MakeMmaTile<kSwiGlu>(weight, e, tile, n_out, k_in);
+  const int64_t out_lo = mt.out_lo, out_hi = mt.out_hi;
+  const bool ok_lo = mt.ok_lo, ok_hi = mt.ok_hi, live = mt.live;
+  const uint4* wlo = mt.wlo;
+  const uint4* whi = mt.whi;
+  const int kblocks = static_cast<int>(k_in / kMmaKBlock);
+  const int lane = threadIdx.x & 31, quad = lane & 3;
+  // K blocks per chunk for a pass of n assignments: as many as the staged words hold (>= 1: the
+  // launcher gives at least kWideTokens * 4 words, one k block of a full pass).
+  auto chunk_of = [&](int n) {
+    const int c = smem_words / (((n + kMmaTokens - 1) / kMmaTokens) * 32);
+    return c < kblocks ? c : kblocks;
+  };
+  uint4 lo[kWideUnroll], hi[kWideUnroll];
+  // The batch of k blocks kb .. min(kb + kWideUnroll, end) - 1.
+  auto load_batch = [&](int kb, int end) {
+#pragma unroll
+    for (int u = 0; u < kWideUnroll; ++u) {
+      if (kb + u < end) {
+        lo[u] = LoadWeights16(wlo + (kb + u) * (kMmaKBlock / 8));
+        hi[u] = LoadWeights16(whi + (kb + u) * (kMmaKBlock / 8));
+      } else {
+        lo[u] = hi[u] = make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  auto pass_size = [&](int32_t p0) { return a1 - p0 < kWideTokens ? a1 - p0 : kWideTokens; };
+  if (live) load_batch(0, chunk_of(pass_size(a0)));
+  for (int32_t p0 = a0; p0 < a1; p0 += kWideTokens) {
+    const int n = pass_size(p0);
+    const int groups = (n + kMmaTokens - 1) / kMmaTokens;
+    const int chunk = chunk_of(n);
+    float acc[kWideGroups][4];
+#pragma unroll
+    for (int g = 0; g < kWideGroups; ++g) acc[g][0] = acc[g][1] = acc[g][2] = acc[g][3] = 0.0f;
+    for (int c0 = 0; c0 < kblocks; c0 += chunk) {
+      const int c1 = c0 + chunk < kblocks ? c0 + chunk : kblocks;
+      __syncthreads();  // the previous chunk's (or pass's) readers of sx are done
+      // Tokens of the last group past n read as zeros (their columns are never stored).
+      const int padded = groups * kMmaTokens;
+      for (int i = threadIdx.x; i < (c1 - c0) * (padded - n) * 4; i += kMmaThreads) {
+        const int kb = i / ((padded - n) * 4), rem = i - kb * (padded - n) * 4;
+        const int j = n + rem / 4;
+        sx[(kb * groups + j / kMmaTokens) * 32 + (j % kMmaTokens) * 4 + (rem & 3)] =
+            make_uint4(0, 0, 0, 0);
+      }
+      // Token-major, so that consecutive threads read consecutive 8-element pieces of one row.
+      const int per_token = (c1 - c0) * 4;
+      const int words = n * per_token;
+      for (int w0 = threadIdx.x; w0 < words; w0 += kMmaThreads * kWideStageUnroll) {
+        uint4 v[kWideStageUnroll];
+        int dst[kWideStageUnroll];
+#pragma unroll
+        for (int u = 0; u < kWideStageUnroll; ++u) {
+          const int wi = w0 + u * kMmaThreads;
+          v[u] = make_uint4(0, 0, 0, 0);
+          dst[u] = -1;
+          if (wi < words) {
+            const int j = wi / per_token, rem = wi - j * per_token;
+            const int kb = rem >> 2, q = rem & 3;
+            const int64_t src = by_token ? order[p0 + j] / top_k : p0 + j;
+            v[u] = LoadBf16x8(x + src * ldx + (c0 + kb) * kMmaKBlock + q * 8);
+            dst[u] = (kb * groups + j / kMmaTokens) * 32 + (j % kMmaTokens) * 4 + q;
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kWideStageUnroll; ++u) {
+          if (dst[u] >= 0) sx[dst[u]] = v[u];
+        }
+      }
+      __syncthreads();
+      if (live) {
+        // The batch at kb is in lo/hi on entry to each iteration.
+        for (int kb = c0; kb < c1; kb += kWideUnroll) {
+#pragma unroll
+          for (int u = 0; u < kWideUnroll; ++u) {
+            if (kb + u < c1) {
+              const uint4* xs = sx + ((kb + u - c0) * groups) * 32 + lane;
+#pragma unroll
+              for (int g = 0; g < kWideGroups; ++g) {
+                if (g < groups) {
+                  const uint4 b = xs[g * 32];
+                  MmaBf16(acc[g], lo[u].x, hi[u].x, lo[u].y, hi[u].y, b.x, b.y);
+                  MmaBf16(acc[g], lo[u].z, hi[u].z, lo[u].w, hi[u].w, b.z, b.w);
+                }
+              }
+            }
+          }
+          // Next: the rest of this chunk, the next chunk, or the next pass's first chunk.
+          if (kb + kWideUnroll < c1) {
+            load_batch(kb + kWideUnroll, c1);
+          } else if (c1 < kblocks) {
+            load_batch(c1, c1 + chunk < kblocks ? c1 + chunk : kblocks);
+          } else if (p0 + kWideTokens < a1) {
+            load_batch(0, chunk_of(pass_size(p0 + kWideTokens)));
+          }
+        }
+      }
+    }
+    if (live) {
+#pragma unroll
+      for (int g = 0; g < kWideGroups; ++g) {
+        if (g < groups) {
+          const int ng = n - g * kMmaTokens < kMmaTokens ? n - g * kMmaTokens : kMmaTokens;
+          StoreMmaGroup<kSwiGlu>(acc[g], p0 + g * kMmaTokens, ng, quad, out_lo, out_hi, ok_lo,
+                                 ok_hi, n_out, limit, scatter_out, order, y);
+        }
+      }
+    }
+  }
+}
+
 // y[a, :n_out] = W[e] · x[src(a)] for the sorted assignments a of expert e = active[blockIdx.y]
 // (or, with `active` null, rows [0, dense_rows) of x against one weight), W bf16 [rows, k_in],
 // k_in % 32 == 0; x fp32 (rounded to bf16 here) or bf16; x and W 16-byte aligned. src(a) as in
@@ -552,11 +780,11 @@ absl::Status LaunchSplitGemv(const float* x, int64_t m, int64_t k, const W* w, i
 // (t, k) index) so that the combine needs no inverse permutation. kSwiGlu: see above; n_out = I,
 // W has 2I rows, y is bf16 h.
 template <typename X, bool kSwiGlu, int kSplitK>
-__global__ void __launch_bounds__(kMmaThreads, 2) ExpertMmaKernel(
-    const X* x, int64_t ldx, bool by_token, bool scatter_out, int64_t top_k,
-    const __nv_bfloat16* weight, int64_t n_out, int64_t k_in, float limit, const int32_t* order,
-    const int32_t* offsets, const int32_t* active, const int32_t* num_active, int32_t dense_rows,
-    void* y) {
+__global__ void __launch_bounds__(kMmaThreads, 2)
+    ExpertMmaKernel(const X* x, int64_t ldx, bool by_token, bool scatter_out, int64_t top_k,
+                    const __nv_bfloat16* weight, int64_t n_out, int64_t k_in, float limit,
+                    const int32_t* order, const int32_t* offsets, const int32_t* active,
+                    const int32_t* num_active, int32_t dense_rows, bool skip_wide, void* y) {
   static_assert(kMmaWarps % kSplitK == 0, "the warps of a block split into whole tiles");
   constexpr int kTilesPerBlock = kMmaWarps / kSplitK;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -569,32 +797,17 @@ __global__ void __launch_bounds__(kMmaThreads, 2) ExpertMmaKernel(
     a0 = offsets[e];
     a1 = offsets[e + 1];
   }
-  const int64_t w_rows = kSwiGlu ? 2 * n_out : n_out;
-  const __nv_bfloat16* we = weight + static_cast<int64_t>(e) * w_rows * k_in;
+  // Experts with more than kMmaTokens assignments are the wide kernel's (ExpertMmaWideKernel).
+  if (skip_wide && a1 - a0 > kMmaTokens) return;  // uniform across the block
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const int grp = lane >> 2, quad = lane & 3;
+  const int quad = lane & 3;
   const int slice = warp % kSplitK;
   const int64_t tile = static_cast<int64_t>(blockIdx.x) * kTilesPerBlock + warp / kSplitK;
-  // Output columns of the accumulator rows grp (c0, c1) and grp + 8 (c2, c3), and the W rows
-  // behind A rows grp and grp + 8.
-  int64_t out_lo, out_hi, row_lo, row_hi;
-  bool live;  // the tile has any rows (uniform across the warp)
-  if constexpr (kSwiGlu) {
-    out_lo = out_hi = tile * 8 + grp;
-    row_lo = out_lo;          // gate
-    row_hi = n_out + out_lo;  // up
-    live = tile * 8 < n_out;
-  } else {
-    out_lo = tile * 16 + grp;
-    out_hi = out_lo + 8;
-    row_lo = out_lo;
-    row_hi = out_hi;
-    live = tile * 16 < n_out;
-  }
-  const bool ok_lo = out_lo < n_out, ok_hi = out_hi < n_out;
-  // Rows past the end read row 0 instead (in bounds; their results are not stored).
-  const uint4* wlo = reinterpret_cast<const uint4*>(we + (ok_lo ? row_lo : 0) * k_in) + quad;
-  const uint4* whi = reinterpret_cast<const uint4*>(we + (ok_hi ? row_hi : 0) * k_in) + quad;
+  const MmaTile mt = MakeMmaTile<kSwiGlu>(weight, e, tile, n_out, k_in);
+  const int64_t out_lo = mt.out_lo, out_hi = mt.out_hi;
+  const bool ok_lo = mt.ok_lo, ok_hi = mt.ok_hi, live = mt.live;
+  const uint4* wlo = mt.wlo;
+  const uint4* whi = mt.whi;
   const int kblocks = static_cast<int>(k_in / kMmaKBlock);
   const int kb_begin = slice * kblocks / kSplitK, kb_end = (slice + 1) * kblocks / kSplitK;
   const int items = kblocks * 32;  // 16-byte words of the staged group
@@ -693,26 +906,8 @@ __global__ void __launch_bounds__(kMmaThreads, 2) ExpertMmaKernel(
       }
     }
     if (live && slice == 0) {
-      // c0/c2: token 2 * quad, c1/c3: token 2 * quad + 1.
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int j = 2 * quad + h;
-        if (j >= ng) continue;
-        if constexpr (kSwiGlu) {
-          if (ok_lo) {
-            // SwiGluKernel's clamps and expression.
-            const float gate = fminf(acc[h], limit);
-            const float up = fminf(fmaxf(acc[2 + h], -limit), limit);
-            static_cast<__nv_bfloat16*>(y)[static_cast<int64_t>(g0 + j) * n_out + out_lo] =
-                __float2bfloat16_rn(gate / (1.0f + expf(-gate)) * up);
-          }
-        } else {
-          const int64_t dst = scatter_out ? order[g0 + j] : g0 + j;
-          float* yr = static_cast<float*>(y) + dst * n_out;
-          if (ok_lo) yr[out_lo] = acc[h];
-          if (ok_hi) yr[out_hi] = acc[2 + h];
-        }
-      }
+      StoreMmaGroup<kSwiGlu>(acc, g0, ng, quad, out_lo, out_hi, ok_lo, ok_hi, n_out, limit,
+                             scatter_out, order, y);
     }
   }
 }
@@ -747,6 +942,8 @@ struct Workspace {
   int32_t* offsets;
   int32_t* active;
   int32_t* num_active;
+  int32_t* wide;
+  int32_t* num_wide;
   float* gu;
   float* h;
   float* y;
@@ -773,23 +970,80 @@ unsigned MmaBlocks(int64_t n_out) {
 }
 
 template <typename X, bool kSwiGlu, int kSplitK>
-absl::Status LaunchExpertMma(dim3 grid, cudaStream_t stream, const X* x, int64_t ldx,
-                             bool by_token, bool scatter_out, int64_t top_k,
-                             const __nv_bfloat16* weight, int64_t n_out, int64_t k_in,
-                             float limit, const int32_t* order, const int32_t* offsets,
-                             const int32_t* active, const int32_t* num_active,
-                             int32_t dense_rows, void* y) {
+absl::Status LaunchExpertMma(dim3 grid, cudaStream_t stream, const X* x, int64_t ldx, bool by_token,
+                             bool scatter_out, int64_t top_k, const __nv_bfloat16* weight,
+                             int64_t n_out, int64_t k_in, float limit, const int32_t* order,
+                             const int32_t* offsets, const int32_t* active,
+                             const int32_t* num_active, int32_t dense_rows, bool wide, void* y) {
   const size_t smem = static_cast<size_t>(k_in) * kMmaTokens * sizeof(__nv_bfloat16);
   auto kernel = ExpertMmaKernel<X, kSwiGlu, kSplitK>;
   CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(smem)));
   kernel<<<grid, kMmaThreads, smem, stream>>>(x, ldx, by_token, scatter_out, top_k, weight, n_out,
                                               k_in, limit, order, offsets, active, num_active,
-                                              dense_rows, y);
+                                              dense_rows, wide, y);
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
 
+// Whether the wide kernel takes the experts with more than kMmaTokens assignments: only when an
+// expert can have that many (one assignment per token and expert) and the experts average at
+// least 4 assignments. Below that few experts are wide, and a second kernel's partial last wave
+// costs more than their second pass over the weights saves (slice3, FULL: batch 64, 1.5 per
+// expert, 7.57 ms with it against 7.49 without; batch 256, 6 per expert, 12.65 against 13.64;
+// bench/results/h200-2026-11-30i/). Depends on the shapes only (graph capture).
+bool UseWide(bool wide, int64_t tokens, int64_t assignments, int64_t experts) {
+  return wide && tokens > kMmaTokens && assignments >= 4 * experts;
+}
+
+// ExpertMmaWideKernel with kWideGroups groups per pass over at most a / (kMmaTokens + 1) experts
+// (those with more than kMmaTokens of the a assignments; the blocks past the wide list's length
+// return at once).
+template <typename X, bool kSwiGlu, int kWideGroups>
+absl::Status LaunchExpertMmaWide(int64_t assignments, unsigned max_active, cudaStream_t stream,
+                                 const X* x, int64_t ldx, bool by_token, bool scatter_out,
+                                 int64_t top_k, const __nv_bfloat16* weight, int64_t n_out,
+                                 int64_t k_in, float limit, const int32_t* order,
+                                 const int32_t* offsets, const int32_t* wide,
+                                 const int32_t* num_wide, void* y) {
+  const unsigned experts =
+      static_cast<unsigned>(std::min<int64_t>(max_active, assignments / (kMmaTokens + 1)));
+  if (experts == 0) return absl::OkStatus();
+  // All of K for a full pass, or as much as fits.
+  const size_t smem =
+      std::min<size_t>(static_cast<size_t>(k_in) * kWideGroups * kMmaTokens * sizeof(__nv_bfloat16),
+                       kWideMaxSmemBytes) /
+      512 * 512;
+  auto kernel = ExpertMmaWideKernel<X, kSwiGlu, kWideGroups>;
+  CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(smem)));
+  kernel<<<dim3(MmaBlocks<kSwiGlu, 1>(n_out), experts), kMmaThreads, smem, stream>>>(
+      x, ldx, by_token, scatter_out, top_k, weight, n_out, k_in, limit, order, offsets, wide,
+      num_wide, static_cast<int>(smem / 16), y);
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+// The wide kernel's groups per pass: 8 (64 assignments) where the experts average at least 16
+// assignments (prefill), else 4, whose lighter registers stream a decode batch's 9-16-assignment
+// experts faster. Measured on slice3 (bench/results/h200-2026-11-30i/): batch 256 12.57 ms
+// with 4 against 12.95 with 8; an 8k prefill 160 against 138 ms. Depends on the shapes only.
+template <typename X, bool kSwiGlu>
+absl::Status LaunchExpertMmaWideFor(int64_t experts, int64_t assignments, unsigned max_active,
+                                    cudaStream_t stream, const X* x, int64_t ldx, bool by_token,
+                                    bool scatter_out, int64_t top_k, const __nv_bfloat16* weight,
+                                    int64_t n_out, int64_t k_in, float limit, const int32_t* order,
+                                    const int32_t* offsets, const int32_t* wide,
+                                    const int32_t* num_wide, void* y) {
+  if (assignments >= 16 * experts) {
+    return LaunchExpertMmaWide<X, kSwiGlu, 8>(assignments, max_active, stream, x, ldx, by_token,
+                                              scatter_out, top_k, weight, n_out, k_in, limit, order,
+                                              offsets, wide, num_wide, y);
+  }
+  return LaunchExpertMmaWide<X, kSwiGlu, 4>(assignments, max_active, stream, x, ldx, by_token,
+                                            scatter_out, top_k, weight, n_out, k_in, limit, order,
+                                            offsets, wide, num_wide, y);
+}
 
 // K split over the warps of a block (kSplitK tiles per block fewer, kSplitK times the blocks)
 // when the expert grid is small (decode: 6 experts x 32 blocks at T = 1, below 1.5 blocks per
@@ -802,25 +1056,28 @@ int MoeSplitK(unsigned blocks_per_expert, unsigned max_active) {
 }
 
 template <typename X, bool kSwiGlu>
-absl::Status LaunchExpertMmaSplit(int split, unsigned max_active, cudaStream_t stream,
-                                  const X* x, int64_t ldx, bool by_token, bool scatter_out,
-                                  int64_t top_k, const __nv_bfloat16* weight, int64_t n_out,
-                                  int64_t k_in, float limit, const int32_t* order,
-                                  const int32_t* offsets, const int32_t* active,
-                                  const int32_t* num_active, int32_t dense_rows, void* y) {
+absl::Status LaunchExpertMmaSplit(int split, unsigned max_active, cudaStream_t stream, const X* x,
+                                  int64_t ldx, bool by_token, bool scatter_out, int64_t top_k,
+                                  const __nv_bfloat16* weight, int64_t n_out, int64_t k_in,
+                                  float limit, const int32_t* order, const int32_t* offsets,
+                                  const int32_t* active, const int32_t* num_active,
+                                  int32_t dense_rows, bool wide, void* y) {
   switch (split) {
     case 4:
-      return LaunchExpertMma<X, kSwiGlu, 4>(
-          dim3(MmaBlocks<kSwiGlu, 4>(n_out), max_active), stream, x, ldx, by_token, scatter_out,
-          top_k, weight, n_out, k_in, limit, order, offsets, active, num_active, dense_rows, y);
+      return LaunchExpertMma<X, kSwiGlu, 4>(dim3(MmaBlocks<kSwiGlu, 4>(n_out), max_active), stream,
+                                            x, ldx, by_token, scatter_out, top_k, weight, n_out,
+                                            k_in, limit, order, offsets, active, num_active,
+                                            dense_rows, wide, y);
     case 2:
-      return LaunchExpertMma<X, kSwiGlu, 2>(
-          dim3(MmaBlocks<kSwiGlu, 2>(n_out), max_active), stream, x, ldx, by_token, scatter_out,
-          top_k, weight, n_out, k_in, limit, order, offsets, active, num_active, dense_rows, y);
+      return LaunchExpertMma<X, kSwiGlu, 2>(dim3(MmaBlocks<kSwiGlu, 2>(n_out), max_active), stream,
+                                            x, ldx, by_token, scatter_out, top_k, weight, n_out,
+                                            k_in, limit, order, offsets, active, num_active,
+                                            dense_rows, wide, y);
     default:
-      return LaunchExpertMma<X, kSwiGlu, 1>(
-          dim3(MmaBlocks<kSwiGlu, 1>(n_out), max_active), stream, x, ldx, by_token, scatter_out,
-          top_k, weight, n_out, k_in, limit, order, offsets, active, num_active, dense_rows, y);
+      return LaunchExpertMma<X, kSwiGlu, 1>(dim3(MmaBlocks<kSwiGlu, 1>(n_out), max_active), stream,
+                                            x, ldx, by_token, scatter_out, top_k, weight, n_out,
+                                            k_in, limit, order, offsets, active, num_active,
+                                            dense_rows, wide, y);
   }
 }
 
@@ -849,6 +1106,8 @@ size_t Layout(const ExpertsDims& d, void* base, Workspace* w) {
   w->offsets = static_cast<int32_t*>(take(sizeof(int32_t) * (d.experts + 1)));
   w->active = static_cast<int32_t*>(take(sizeof(int32_t) * d.experts));
   w->num_active = static_cast<int32_t*>(take(sizeof(int32_t)));
+  w->wide = static_cast<int32_t*>(take(sizeof(int32_t) * d.experts));
+  w->num_wide = static_cast<int32_t*>(take(sizeof(int32_t)));
   w->gu = static_cast<float*>(take(sizeof(float) * a * 2 * d.inter));
   w->h = static_cast<float*>(take(sizeof(float) * a * d.inter));
   w->y = static_cast<float*>(take(sizeof(float) * a * d.dim));
@@ -937,7 +1196,7 @@ absl::Status SmallGemv(const float* x, int64_t m, int64_t k, const void* w, DTyp
 
 absl::Status MoeExperts(const ExpertsDims& d, const float* u, const int32_t* idx,
                         const float* weights, const void* gate_up, const void* down, DType wdtype,
-                        void* workspace, float* out, cudaStream_t stream) {
+                        void* workspace, float* out, cudaStream_t stream, bool wide) {
   if (d.tokens == 0) return absl::OkStatus();
   if (d.dim % 8 != 0 || d.inter % 8 != 0) {
     return absl::UnimplementedError("MoE: hidden and intermediate sizes must be multiples of 8");
@@ -945,6 +1204,12 @@ absl::Status MoeExperts(const ExpertsDims& d, const float* u, const int32_t* idx
   Workspace w;
   Layout(d, workspace, &w);
   const int64_t a = d.tokens * d.top_k;
+  const bool mma = wdtype == DType::kBF16 && MmaFits(d.dim) && MmaFits(d.inter) && Aligned16(u) &&
+                   Aligned16(gate_up) && Aligned16(down);
+  // Experts with more than 8 assignments go to the wide kernel when one can have them; the sort
+  // kernels list them.
+  const bool use_wide = mma && UseWide(wide, d.tokens, a, d.experts);
+  int32_t* wide_list = use_wide ? w.wide : nullptr;
   // Sort the assignments (t, k) by expert; radix sort is stable, so each expert's assignments
   // stay in (t, k) order.
   const size_t offsets_smem = sizeof(int32_t) * static_cast<size_t>(d.experts);
@@ -956,7 +1221,7 @@ absl::Status MoeExperts(const ExpertsDims& d, const float* u, const int32_t* idx
                                                 static_cast<int>(offsets_smem)));
     }
     SmallSortKernel<<<1, kOffsetsThreads, offsets_smem, stream>>>(
-        idx, a, d.experts, w.order, w.offsets, w.active, w.num_active);
+        idx, a, d.experts, w.order, w.offsets, w.active, w.num_active, wide_list, w.num_wide);
     CUDA_RETURN_IF_LAUNCH_ERROR();
   } else {
     IotaKernel<<<static_cast<unsigned>((a + 255) / 256), 256, 0, stream>>>(w.order_in, a);
@@ -972,30 +1237,34 @@ absl::Status MoeExperts(const ExpertsDims& d, const float* u, const int32_t* idx
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                 static_cast<int>(offsets_smem)));
     }
-    OffsetsKernel<<<1, kOffsetsThreads, offsets_smem, stream>>>(w.keys_out, a, d.experts,
-                                                                w.offsets, w.active,
-                                                                w.num_active);
+    OffsetsKernel<<<1, kOffsetsThreads, offsets_smem, stream>>>(
+        w.keys_out, a, d.experts, w.offsets, w.active, w.num_active, wide_list, w.num_wide);
     CUDA_RETURN_IF_LAUNCH_ERROR();
   }
   const unsigned max_active = static_cast<unsigned>(std::min<int64_t>(d.experts, a));
-  if (wdtype == DType::kBF16 && MmaFits(d.dim) && MmaFits(d.inter) && Aligned16(u) &&
-      Aligned16(gate_up) && Aligned16(down)) {
+  if (mma) {
     // Tensor-core path: gate_up with SwiGLU in its epilogue (h in bf16, the precision the down
     // projection reads it at), then down writing y in (t, k) order for the combine.
     __nv_bfloat16* h = reinterpret_cast<__nv_bfloat16*>(w.h);
-    if (absl::Status st = LaunchExpertMmaSplit<float, true>(
-            MoeSplitK(MmaBlocks<true, 1>(d.inter), max_active), max_active, stream, u, d.dim,
-            true, false, d.top_k, static_cast<const __nv_bfloat16*>(gate_up), d.inter, d.dim,
-            d.swiglu_limit, w.order, w.offsets, w.active, w.num_active, 0, h);
-        !st.ok()) {
-      return st;
+    const auto* gu_w = static_cast<const __nv_bfloat16*>(gate_up);
+    const auto* dn_w = static_cast<const __nv_bfloat16*>(down);
+    RETURN_IF_ERROR((LaunchExpertMmaSplit<float, true>(
+        MoeSplitK(MmaBlocks<true, 1>(d.inter), max_active), max_active, stream, u, d.dim, true,
+        false, d.top_k, gu_w, d.inter, d.dim, d.swiglu_limit, w.order, w.offsets, w.active,
+        w.num_active, 0, use_wide, h)));
+    if (use_wide) {
+      RETURN_IF_ERROR((LaunchExpertMmaWideFor<float, true>(
+          d.experts, a, max_active, stream, u, d.dim, true, false, d.top_k, gu_w, d.inter, d.dim,
+          d.swiglu_limit, w.order, w.offsets, w.wide, w.num_wide, h)));
     }
-    if (absl::Status st = LaunchExpertMmaSplit<__nv_bfloat16, false>(
-            MoeSplitK(MmaBlocks<false, 1>(d.dim), max_active), max_active, stream, h, d.inter,
-            false, true, d.top_k, static_cast<const __nv_bfloat16*>(down), d.dim, d.inter, 0.0f,
-            w.order, w.offsets, w.active, w.num_active, 0, w.y);
-        !st.ok()) {
-      return st;
+    RETURN_IF_ERROR((LaunchExpertMmaSplit<__nv_bfloat16, false>(
+        MoeSplitK(MmaBlocks<false, 1>(d.dim), max_active), max_active, stream, h, d.inter, false,
+        true, d.top_k, dn_w, d.dim, d.inter, 0.0f, w.order, w.offsets, w.active, w.num_active, 0,
+        use_wide, w.y)));
+    if (use_wide) {
+      RETURN_IF_ERROR((LaunchExpertMmaWideFor<__nv_bfloat16, false>(
+          d.experts, a, max_active, stream, h, d.inter, false, true, d.top_k, dn_w, d.dim, d.inter,
+          0.0f, w.order, w.offsets, w.wide, w.num_wide, w.y)));
     }
     CombineKernel<<<static_cast<unsigned>(d.tokens), 256, 0, stream>>>(w.y, nullptr, weights,
                                                                        d.top_k, d.dim, out);

@@ -5,6 +5,7 @@
 # so the capture is excluded) at 1k and 8k prompts, on dsv4-flash-slice3 and on dsv4-flash cut to
 # 9 layers (as many as fit one H200 in bf16 with room for the pools); the piecewise TTFT with the
 # whole attention block eager (wide) against the narrow region; transformers on slice3 last.
+# GB_SLICE3_ONLY=1 stops after slice3 (no transformers, no Flash-9).
 set -uo pipefail
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
 B=.gpu/bundle
@@ -37,6 +38,7 @@ rc=0
       --cudagraph-capture-sizes $DECODE_SIZES,1024,8192 || rc=1
   done
 } 2>&1 | tee "$OUT/graph_bench.log"
+[ "${GB_SLICE3_ONLY:-0}" = 1 ] && exit $rc
 # transformers on slice3, the same session (its step time varies between sessions)
 timeout 200 python3 bench/hf_decode_bench.py "$S3" --batches 1,8 --prompt-len 1024 --steps 16 2>&1 |
   tee "$OUT/hf.log" || rc=1

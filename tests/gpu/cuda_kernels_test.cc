@@ -911,9 +911,10 @@ TEST(CudaOps, GroupedExpertsPermuteGemmCombine) {
     BackendPair p(prec);
     std::vector<MoeCase> cases = {{8, 256, 128, 2, {1, 300}}};  // hot experts, many rows each
     // Flash width: all 256 experts in fp32; in bf16 16 experts of the real size (T = 1 is the
-    // fused single-token path there, T = 8 the grouped one).
+    // fused single-token path there, T = 8 the grouped one; at T = 64 the experts have 12-36
+    // assignments and at 200 ~75, which the wide kernel takes in passes of 64).
     if (prec == Precision::kFP32) cases.push_back({256, 4096, 2048, 6, {1, 8, 64}});
-    if (prec == Precision::kBF16) cases.push_back({16, 4096, 2048, 6, {1, 8}});
+    if (prec == Precision::kBF16) cases.push_back({16, 4096, 2048, 6, {1, 8, 64, 200}});
     // All eight single-token slots: seven routed experts and the shared one.
     if (prec == Precision::kBF16) cases.push_back({16, 512, 256, 7, {1}});
     for (const MoeCase& c : cases) {
@@ -973,6 +974,67 @@ TEST(CudaOps, GroupedExpertsPermuteGemmCombine) {
         }
       }
     }
+  }
+}
+
+// The wide expert kernel (experts with more than 8 assignments read their weights once per 64,
+// kernels/cuda/moe.cu) gives the same bits as the 8-at-a-time kernel it replaces for them
+// (DSV4_MOE_WIDE=0): 32 experts of Flash size, so that both run with K unsplit. At T = 24 and
+// 40 the experts have ~4.5 and ~7.5 assignments, some more than 8 (both kernels in one product;
+// the wide one in passes of 4 groups), at 300 ~56 and at 700 ~131 (passes of 8 groups, three at
+// 700, the last partial).
+TEST(CudaOps, WideExpertKernelGivesTheSameBits) {
+  DSV4_REQUIRE_GPU();
+  BackendPair wide(Precision::kBF16);
+  ASSERT_EQ(setenv("DSV4_MOE_WIDE", "0", 1), 0);
+  BackendPair narrow(Precision::kBF16);
+  unsetenv("DSV4_MOE_WIDE");
+  ASSERT_TRUE(wide.gpu != nullptr && narrow.gpu != nullptr);
+  constexpr int64_t E = 32, D = 4096, I = 2048, K = 6;
+  const SyntheticSpec gu_spec{DType::kF32, Shape{E, 2 * I, D}, 80, -0.02f, 0.02f, 1};
+  const SyntheticSpec dn_spec{DType::kF32, Shape{E, D, I}, 81, -0.03f, 0.03f, 1};
+  std::vector<std::vector<float>> outs[2];
+  for (int side = 0; side < 2; ++side) {
+    Backend& b = *(side == 0 ? wide : narrow).gpu;
+    auto gate_up = b.CreateSyntheticWeight(gu_spec, WeightUse::kMatrix);
+    auto down = b.CreateSyntheticWeight(dn_spec, WeightUse::kMatrix);
+    ASSERT_TRUE(gate_up.ok() && down.ok());
+    ASSERT_EQ(gate_up->dtype, DType::kBF16);
+    const MoeWeights mw{*gate_up, *down, Tensor{}, Tensor{}, Tensor{}};
+    for (int32_t T : {24, 40, 300, 700}) {
+      (side == 0 ? wide : narrow).Begin({{0, T}}, kBlock);
+      std::vector<int32_t> idx(T * K);
+      std::mt19937 rng(82 + T);
+      for (int32_t t = 0; t < T; ++t) {
+        std::vector<int32_t> e(E);
+        std::iota(e.begin(), e.end(), 0);
+        std::shuffle(e.begin(), e.end(), rng);
+        std::copy(e.begin(), e.begin() + K, idx.begin() + t * K);
+      }
+      const auto uv = testing::RoundBf16(RandomVec(T * D, 83));
+      const auto wv = RandomVec(T * K, 84, 0, 1);
+      auto u = b.Scratch(DType::kF32, Shape{T, D});
+      auto ix = b.Scratch(DType::kI32, Shape{T, K});
+      auto w = b.Scratch(DType::kF32, Shape{T, K});
+      auto out = b.Scratch(DType::kF32, Shape{T, D});
+      ASSERT_TRUE(u.ok() && ix.ok() && w.ok() && out.ok());
+      ASSERT_TRUE(b.CopyFromHost(uv.data(), *u).ok());
+      ASSERT_TRUE(b.CopyFromHost(idx.data(), *ix).ok());
+      ASSERT_TRUE(b.CopyFromHost(wv.data(), *w).ok());
+      const absl::Status st = b.MoeExperts(*u, *ix, *w, mw, 10.0f, *out);
+      ASSERT_TRUE(st.ok()) << st;
+      outs[side].push_back(wide.HostAs<float>(b, *out));
+    }
+  }
+  ASSERT_EQ(outs[0].size(), 4u);
+  ASSERT_EQ(outs[1].size(), 4u);
+  for (size_t i = 0; i < outs[0].size(); ++i) {
+    float max_abs = 0;
+    for (float v : outs[0][i]) max_abs = std::max(max_abs, std::fabs(v));
+    EXPECT_GT(max_abs, 0.0f) << "case " << i;  // the products ran
+    EXPECT_EQ(0,
+              std::memcmp(outs[0][i].data(), outs[1][i].data(), outs[0][i].size() * sizeof(float)))
+        << "case " << i;
   }
 }
 

@@ -134,6 +134,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   // DSV4_HC_CLUSTER=0: decode boundaries in two kernels (the A/B baseline of the cluster launch).
   ASSIGN_OR_RETURN(b->hc_cluster_, EnvBool("DSV4_HC_CLUSTER", true));
   b->hc_cluster_ = b->hc_cluster_ && cuda::HcClusterSchedulable();
+  // DSV4_MOE_WIDE=0: every expert streams its weights once per 8 of its tokens (the A/B baseline
+  // of the wide pass, which reads them once per 64).
+  ASSIGN_OR_RETURN(b->moe_wide_, EnvBool("DSV4_MOE_WIDE", true));
   // DSV4_HC_DEFER_GATES=0: the boundary kernel computes post and comb itself (the Sinkhorn on
   // the critical path, the A/B baseline of the deferral).
   ASSIGN_OR_RETURN(b->defer_gates_, EnvBool("DSV4_HC_DEFER_GATES", true));
@@ -1078,7 +1081,8 @@ absl::Status CudaBackend::RoutedExperts(const Tensor& u, const Tensor& idx, cons
   ASSIGN_OR_RETURN(Tensor ws,
                    OpScratch(DType::kU8, Shape{static_cast<int64_t>(cuda::MoeWorkspaceBytes(d))}));
   return cuda::MoeExperts(d, u.ptr<float>(), idx.ptr<int32_t>(), weights.ptr<float>(), gate_up.data,
-                          down.data, gate_up.dtype, ws.data, out.ptr<float>(), cur_stream());
+                          down.data, gate_up.dtype, ws.data, out.ptr<float>(), cur_stream(),
+                          moe_wide_);
 }
 
 absl::Status CudaBackend::SwiGlu(const Tensor& gate_up, float limit, Tensor h) {

@@ -248,6 +248,7 @@ class CudaBackend final : public Backend {
   bool shortcut_in_capture_ = false;
   bool row_gemv_ = true;  // single-token GEMV / fused MoE kernels (kernels/cuda/gemv.h)
   bool hc_cluster_ = true;  // decode boundaries as one cluster launch (cuda::HcClusterNorm)
+  bool moe_wide_ = true;    // experts with > 8 tokens read their weights once per 64 of them
   bool defer_gates_ = true;  // the boundaries' Sinkhorn on the gates stream (DeferredGates)
   // Benchmarks only, DSV4_BENCH_REPEAT_OPS=Op,Op,...: the named ops launch their kernels twice
   // (the work inside Launch's lambda; e.g. not the bf16 cast of a cuBLASLt operand), so a
