@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(kOffsetsThreads)
   __syncthreads();
   const int3 totals = ExpertLists(count, experts, false, scan, offsets, active, wide);
   if (threadIdx.x == 0) {
-    offsets[experts] = static_cast<int32_t>(assignments);
+    offsets[experts] = totals.x;  // the counted assignments: the last range is its count
     *num_active = totals.y;
     *num_wide = totals.z;
   }
@@ -627,19 +627,20 @@ __device__ __forceinline__ void StoreMmaGroup(const float (&acc)[4], int32_t g0,
 }
 
 // ExpertMmaKernel's companion for the experts with more than kMmaTokens assignments (the other
-// kernel skips them): up to kWideTokens of their assignments (kWideGroups groups of 8) share each
-// weight load, so a warp streams its rows once per kWideTokens assignments instead of once per 8.
-// At an 8k-token prefill an expert has ~190 assignments: 24 passes over its weights become 3; at
-// decode batch 256 the experts with 9-16 read theirs once instead of twice. A pass stages its
-// tokens' activations for as many k blocks as fit the shared memory (up to kMmaMaxSmemBytes: the
-// whole K of 4096 for 2-3 groups, a third of it for 8), so K goes in chunks with two barriers
-// each; the weight batches stay in registers across them, so each chunk's weights are requested
-// before its staging. Word (kb, g, j, q) of a chunk (its k block kb, token j of group g, quarter
-// q) is at (kb * groups + g) * 32 + 4 j + q, so lane l reads word (kb * groups + g) * 32 + l, as
-// in the narrow layout. Per group the products go through the same mma sequence as in
-// ExpertMmaKernel with kSplitK 1 (k blocks in order, two steps each): the same bits. One block
-// per SM (the 8 groups' accumulators and 8 k blocks of weights take ~240 registers), so it is
-// launched only where an expert can have more than 8 assignments, i.e. more than 8 tokens.
+// kernel skips them; the sort kernels list them): up to kWideGroups groups of 8 of their
+// assignments share each weight load, so a warp streams its rows once per 32 or 64 assignments
+// instead of once per 8. At an 8k-token prefill an expert has ~190 assignments: 24 passes over
+// its weights become 3; at decode batch 256 the experts with 9-16 read theirs once instead of
+// twice. A pass stages its tokens' activations for as many k blocks as fit kWideMaxSmemBytes
+// (of a 4096-wide K: all of it for one group, 50 of 128 k blocks for 4 groups, 25 for 8), so K
+// goes in chunks with two barriers each; the weight batches stay in registers across them, so
+// each chunk's first weights are requested before its staging. Word (kb, g, j, q) of a chunk (its
+// k block kb, token j of group g, quarter q) is at (kb * groups + g) * 32 + 4 j + q, so lane l
+// reads word (kb * groups + g) * 32 + l, as in the narrow layout. Per group the products go
+// through the same mma sequence as in ExpertMmaKernel with kSplitK 1 (k blocks in order, two
+// steps each): the same bits as that kernel (with K split, as for small expert grids, the
+// narrow kernel adds partial sums and differs in the last bits). Launched only where an expert
+// can have more than 8 assignments (more than 8 tokens) and the experts average at least 4.
 constexpr int kWideUnroll = 4;  // k blocks of weights in registers per lane
 // Two blocks per SM (16 warps streaming weights; one block of 8 warps reached half the
 // bandwidth): at most 128 registers per thread and 100 KiB of staged activations per block.

@@ -43,8 +43,9 @@ size_t MoeWorkspaceBytes(const ExpertsDims& d);
 // out[T, D] = Σ_k weights[t,k] · down[e] · SwiGLU(gate_up[e] · u[t]), e = idx[t,k].
 // gate_up [E, 2I, D], down [E, D, I] in fp32 or bf16 (`wdtype`). With bf16 weights an expert's
 // tokens share each weight load in groups of 8; with `wide`, where the experts average at least
-// 4 assignments, an expert with more than 8 reads its weights once per 32 or 64 of them
-// (bit-identical results; `wide` false is the A/B baseline).
+// 4 assignments, an expert with more than 8 reads its weights once per 32 or 64 of them (the
+// same bits as the 8-at-a-time kernel with K unsplit, as at Flash's 256 experts; `wide` false is
+// the A/B baseline).
 absl::Status MoeExperts(const ExpertsDims& d, const float* u, const int32_t* idx,
                         const float* weights, const void* gate_up, const void* down, DType wdtype,
                         void* workspace, float* out, cudaStream_t stream, bool wide = true);

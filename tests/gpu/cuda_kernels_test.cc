@@ -985,10 +985,18 @@ TEST(CudaOps, GroupedExpertsPermuteGemmCombine) {
 // 700, the last partial).
 TEST(CudaOps, WideExpertKernelGivesTheSameBits) {
   DSV4_REQUIRE_GPU();
+  // The switch is read when a backend is created; the caller's own value is put back after.
+  const char* before = std::getenv("DSV4_MOE_WIDE");
+  const std::string saved = before != nullptr ? before : "";
+  ASSERT_EQ(setenv("DSV4_MOE_WIDE", "1", 1), 0);
   BackendPair wide(Precision::kBF16);
   ASSERT_EQ(setenv("DSV4_MOE_WIDE", "0", 1), 0);
   BackendPair narrow(Precision::kBF16);
-  unsetenv("DSV4_MOE_WIDE");
+  if (before != nullptr) {
+    setenv("DSV4_MOE_WIDE", saved.c_str(), 1);
+  } else {
+    unsetenv("DSV4_MOE_WIDE");
+  }
   ASSERT_TRUE(wide.gpu != nullptr && narrow.gpu != nullptr);
   constexpr int64_t E = 32, D = 4096, I = 2048, K = 6;
   const SyntheticSpec gu_spec{DType::kF32, Shape{E, 2 * I, D}, 80, -0.02f, 0.02f, 1};
@@ -1035,6 +1043,42 @@ TEST(CudaOps, WideExpertKernelGivesTheSameBits) {
     EXPECT_EQ(0,
               std::memcmp(outs[0][i].data(), outs[1][i].data(), outs[0][i].size() * sizeof(float)))
         << "case " << i;
+  }
+}
+
+// The wide expert kernel at small shapes against the CPU reference, sized for compute-sanitizer
+// (scripts/device/sanitize.sh): 8 experts, K = 512 and 256, so a pass of 8 groups stages all of
+// K in one chunk and a pass of 4 too; T = 48 gives 12 assignments per expert (4 groups), 300
+// gives 75 (8 groups, a second partial pass).
+TEST(CudaOps, WideExpertKernelSmallShapesMatchReference) {
+  DSV4_REQUIRE_GPU();
+  BackendPair p(Precision::kBF16);
+  constexpr int64_t E = 8, D = 512, I = 256, K = 2;
+  Both gate_up =
+      p.Synthetic({DType::kF32, Shape{E, 2 * I, D}, 90, -0.05f, 0.05f, 1}, WeightUse::kMatrix);
+  Both down = p.Synthetic({DType::kF32, Shape{E, D, I}, 91, -0.05f, 0.05f, 1}, WeightUse::kMatrix);
+  MirrorBf16(p, gate_up);
+  MirrorBf16(p, down);
+  const MoeWeights wc{gate_up.c, down.c, Tensor{}, Tensor{}, Tensor{}};
+  const MoeWeights wg{gate_up.g, down.g, Tensor{}, Tensor{}, Tensor{}};
+  for (int32_t T : {48, 300}) {
+    p.Begin({{0, T}}, kBlock);
+    std::vector<int32_t> idx(T * K);
+    std::mt19937 rng(92 + T);
+    for (int32_t t = 0; t < T; ++t) {
+      std::vector<int32_t> e(E);
+      std::iota(e.begin(), e.end(), 0);
+      std::shuffle(e.begin(), e.end(), rng);
+      std::copy(e.begin(), e.begin() + K, idx.begin() + t * K);
+    }
+    Both u = p.Input(Shape{T, D}, testing::RoundBf16(RandomVec(T * D, 93)));
+    Both ix = p.InputI(Shape{T, K}, idx);
+    Both w = p.Input(Shape{T, K}, RandomVec(T * K, 94, 0, 1));
+    Both out = p.Scratch(DType::kF32, Shape{T, D});
+    ASSERT_TRUE(p.cpu.MoeExperts(u.c, ix.c, w.c, wc, 10.0f, out.c).ok());
+    const absl::Status st = p.gpu->MoeExperts(u.g, ix.g, w.g, wg, 10.0f, out.g);
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_TRUE(p.Same(out, 1e-2, 1e-2)) << "T=" << T;
   }
 }
 
