@@ -557,6 +557,27 @@ absl::Status LaunchSplitGemv(const float* x, int64_t m, int64_t k, const W* w, i
   return absl::OkStatus();
 }
 
+// Stages `words` 16-byte words of activations into shared memory: locate(w, &v) loads word w
+// into v (rounded to bf16) and returns its index in sx. kUnroll loads per thread are issued
+// before any is stored, so a staging of a few words takes one round trip.
+template <int kUnroll, typename Locate>
+__device__ __forceinline__ void StageWords(int words, uint4* sx, Locate locate) {
+  for (int w0 = threadIdx.x; w0 < words; w0 += kMmaThreads * kUnroll) {
+    uint4 v[kUnroll];
+    int dst[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int wi = w0 + u * kMmaThreads;
+      v[u] = make_uint4(0, 0, 0, 0);
+      dst[u] = wi < words ? locate(wi, &v[u]) : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (dst[u] >= 0) sx[dst[u]] = v[u];
+    }
+  }
+}
+
 // One warp's tile of an expert's weight W [rows, k_in] (bf16): output columns out_lo (accumulator
 // rows grp: c0, c1) and out_hi (rows grp + 8: c2, c3), and the lane's 16-byte weight streams of
 // the W rows behind them. kSwiGlu: gate row c and up row I + c of column c = tile * 8 + grp;
@@ -710,28 +731,13 @@ __global__ void __launch_bounds__(kMmaThreads, kWideBlocksPerSm)
       }
       // Token-major, so that consecutive threads read consecutive 8-element pieces of one row.
       const int per_token = (c1 - c0) * 4;
-      const int words = n * per_token;
-      for (int w0 = threadIdx.x; w0 < words; w0 += kMmaThreads * kWideStageUnroll) {
-        uint4 v[kWideStageUnroll];
-        int dst[kWideStageUnroll];
-#pragma unroll
-        for (int u = 0; u < kWideStageUnroll; ++u) {
-          const int wi = w0 + u * kMmaThreads;
-          v[u] = make_uint4(0, 0, 0, 0);
-          dst[u] = -1;
-          if (wi < words) {
-            const int j = wi / per_token, rem = wi - j * per_token;
-            const int kb = rem >> 2, q = rem & 3;
-            const int64_t src = by_token ? order[p0 + j] / top_k : p0 + j;
-            v[u] = LoadBf16x8(x + src * ldx + (c0 + kb) * kMmaKBlock + q * 8);
-            dst[u] = (kb * groups + j / kMmaTokens) * 32 + (j % kMmaTokens) * 4 + q;
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < kWideStageUnroll; ++u) {
-          if (dst[u] >= 0) sx[dst[u]] = v[u];
-        }
-      }
+      StageWords<kWideStageUnroll>(n * per_token, sx, [&](int wi, uint4* v) {
+        const int j = wi / per_token, rem = wi - j * per_token;
+        const int kb = rem >> 2, q = rem & 3;
+        const int64_t src = by_token ? order[p0 + j] / top_k : p0 + j;
+        *v = LoadBf16x8(x + src * ldx + (c0 + kb) * kMmaKBlock + q * 8);
+        return (kb * groups + j / kMmaTokens) * 32 + (j % kMmaTokens) * 4 + q;
+      });
       __syncthreads();
       if (live) {
         // The batch at kb is in lo/hi on entry to each iteration.
@@ -846,29 +852,14 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
       }
     }
     const int words_per_kb = 4 * ng;
-    const int words = kblocks * words_per_kb;
-    for (int w0 = threadIdx.x; w0 < words; w0 += kMmaThreads * kStageUnroll) {
-      uint4 v[kStageUnroll];
-      int dst[kStageUnroll];
-#pragma unroll
-      for (int u = 0; u < kStageUnroll; ++u) {
-        const int wi = w0 + u * kMmaThreads;
-        v[u] = make_uint4(0, 0, 0, 0);
-        dst[u] = -1;
-        if (wi < words) {
-          const int kb = wi / words_per_kb;
-          const int rem = wi - kb * words_per_kb;
-          const int j = rem >> 2, q = rem & 3;
-          const int64_t src = by_token ? order[g0 + j] / top_k : g0 + j;
-          v[u] = LoadBf16x8(x + src * ldx + kb * kMmaKBlock + q * 8);
-          dst[u] = kb * 32 + j * 4 + q;
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kStageUnroll; ++u) {
-        if (dst[u] >= 0) sx[dst[u]] = v[u];
-      }
-    }
+    StageWords<kStageUnroll>(kblocks * words_per_kb, sx, [&](int wi, uint4* v) {
+      const int kb = wi / words_per_kb;
+      const int rem = wi - kb * words_per_kb;
+      const int j = rem >> 2, q = rem & 3;
+      const int64_t src = by_token ? order[g0 + j] / top_k : g0 + j;
+      *v = LoadBf16x8(x + src * ldx + kb * kMmaKBlock + q * 8);
+      return kb * 32 + j * 4 + q;
+    });
     __syncthreads();
 
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
