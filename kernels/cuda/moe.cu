@@ -578,6 +578,23 @@ __device__ __forceinline__ void StageWords(int words, uint4* sx, Locate locate) 
   }
 }
 
+// One batch of a warp's weights: k blocks kb .. kb + kUnroll - 1 of rows lo and hi (zeros past
+// `end`), all loads issued before any is used (the guards are uniform across the warp).
+template <int kUnroll>
+__device__ __forceinline__ void LoadWeightBatch(uint4 (&lo)[kUnroll], uint4 (&hi)[kUnroll],
+                                                const uint4* wlo, const uint4* whi, int kb,
+                                                int end) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    if (kb + u < end) {
+      lo[u] = LoadWeights16(wlo + (kb + u) * (kMmaKBlock / 8));
+      hi[u] = LoadWeights16(whi + (kb + u) * (kMmaKBlock / 8));
+    } else {
+      lo[u] = hi[u] = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
 // One warp's tile of an expert's weight W [rows, k_in] (bf16): output columns out_lo (accumulator
 // rows grp: c0, c1) and out_hi (rows grp + 8: c2, c3), and the lane's 16-byte weight streams of
 // the W rows behind them. kSwiGlu: gate row c and up row I + c of column c = tile * 8 + grp;
@@ -698,17 +715,7 @@ __global__ void __launch_bounds__(kMmaThreads, kWideBlocksPerSm)
   };
   uint4 lo[kWideUnroll], hi[kWideUnroll];
   // The batch of k blocks kb .. min(kb + kWideUnroll, end) - 1.
-  auto load_batch = [&](int kb, int end) {
-#pragma unroll
-    for (int u = 0; u < kWideUnroll; ++u) {
-      if (kb + u < end) {
-        lo[u] = LoadWeights16(wlo + (kb + u) * (kMmaKBlock / 8));
-        hi[u] = LoadWeights16(whi + (kb + u) * (kMmaKBlock / 8));
-      } else {
-        lo[u] = hi[u] = make_uint4(0, 0, 0, 0);
-      }
-    }
-  };
+  auto load_batch = [&](int kb, int end) { LoadWeightBatch(lo, hi, wlo, whi, kb, end); };
   auto pass_size = [&](int32_t p0) { return a1 - p0 < kWideTokens ? a1 - p0 : kWideTokens; };
   if (live) load_batch(0, chunk_of(pass_size(a0)));
   for (int32_t p0 = a0; p0 < a1; p0 += kWideTokens) {
@@ -825,17 +832,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
   // group (the same rows again) before that group's staging: the weight stream does not wait for
   // the x round trip and the barriers.
   uint4 lo[kMmaUnroll], hi[kMmaUnroll];
-  auto load_batch = [&](int kb) {
-#pragma unroll
-    for (int u = 0; u < kMmaUnroll; ++u) {
-      if (kb + u < kb_end) {
-        lo[u] = LoadWeights16(wlo + (kb + u) * (kMmaKBlock / 8));
-        hi[u] = LoadWeights16(whi + (kb + u) * (kMmaKBlock / 8));
-      } else {
-        lo[u] = hi[u] = make_uint4(0, 0, 0, 0);
-      }
-    }
-  };
+  auto load_batch = [&](int kb) { LoadWeightBatch(lo, hi, wlo, whi, kb, kb_end); };
   if (live && a0 < a1) load_batch(kb_begin);
 
   for (int32_t g0 = a0; g0 < a1; g0 += kMmaTokens) {
