@@ -114,17 +114,17 @@ constexpr int kMmaTokens = 8;
 // Expert boundaries from the sorted expert ids: offsets[e] = first sorted assignment of expert e
 // (experts without assignments start where the next one does), active[i] = the i-th expert that
 // has assignments, *num_active, and wide[i] / *num_wide the same for the experts with more than
-// kMmaTokens. Single block: per-expert counts (integer shared-memory atomics,
-// so the result does not depend on their order) and block scans; an earlier version walked the
-// experts serially in one thread, a long dependent chain of global accesses at every step.
+// kMmaTokens. Single block: per-expert counts (integer shared-memory atomics, so the result does
+// not depend on their order) and block scans; an earlier version walked the experts serially in
+// one thread, a long dependent chain of global accesses at every step.
 constexpr int kOffsetsThreads = 1024;
 using OffsetsScan = cub::BlockScan<int32_t, kOffsetsThreads>;
 
 // From per-expert counts: offsets[e] (the running sum), the active list and the wide list
 // (experts with more than kMmaTokens; none when `wide` is null); chunks of kOffsetsThreads
-// experts carry the totals
-// (uniform trip count). With `rebase`, count[e] becomes offsets[e] (each thread touches only its
-// own entries). Returns {assignments counted, active, wide}, the same in every thread.
+// experts carry the totals (uniform trip count). With `rebase`, count[e] becomes offsets[e]
+// (each thread touches only its own entries). Returns {assignments counted, active, wide}, the
+// same in every thread.
 __device__ int3 ExpertLists(int32_t* count, int64_t experts, bool rebase,
                             OffsetsScan::TempStorage& scan, int32_t* offsets, int32_t* active,
                             int32_t* wide) {
