@@ -900,6 +900,20 @@ TEST(CudaOps, RouterScoreAndHash) {
   }
 }
 
+// Routing of `tokens` tokens to `top_k` distinct experts each out of `experts`, drawn by `seed`
+// (a shuffle per token) -> idx [tokens, top_k].
+std::vector<int32_t> RandomRouting(int32_t tokens, int64_t experts, int64_t top_k, uint32_t seed) {
+  std::vector<int32_t> idx(tokens * top_k);
+  std::mt19937 rng(seed);
+  for (int32_t t = 0; t < tokens; ++t) {
+    std::vector<int32_t> e(experts);
+    std::iota(e.begin(), e.end(), 0);
+    std::shuffle(e.begin(), e.end(), rng);
+    std::copy(e.begin(), e.begin() + top_k, idx.begin() + t * top_k);
+  }
+  return idx;
+}
+
 struct MoeCase {
   int64_t experts, dim, inter, top_k;
   std::vector<int32_t> tokens;
@@ -937,14 +951,7 @@ TEST(CudaOps, GroupedExpertsPermuteGemmCombine) {
       const MoeWeights with_shared_g{gate_up.g, down.g, shared_gate_up.g, shared_down.g, Tensor{}};
       for (int32_t T : c.tokens) {
         p.Begin({{0, T}}, kBlock);
-        std::vector<int32_t> idx(T * c.top_k);
-        std::mt19937 rng(72 + T);
-        for (int32_t t = 0; t < T; ++t) {
-          std::vector<int32_t> e(c.experts);
-          std::iota(e.begin(), e.end(), 0);
-          std::shuffle(e.begin(), e.end(), rng);
-          std::copy(e.begin(), e.begin() + c.top_k, idx.begin() + t * c.top_k);
-        }
+        const std::vector<int32_t> idx = RandomRouting(T, c.experts, c.top_k, 72 + T);
         auto uv = RandomVec(T * c.dim, 73);
         if (prec == Precision::kBF16) uv = testing::RoundBf16(uv);
         Both u = p.Input(Shape{T, c.dim}, uv);
@@ -1011,14 +1018,7 @@ TEST(CudaOps, WideExpertKernelGivesTheSameBits) {
     const MoeWeights mw{*gate_up, *down, Tensor{}, Tensor{}, Tensor{}};
     for (int32_t T : {24, 40, 300, 700}) {
       (side == 0 ? wide : narrow).Begin({{0, T}}, kBlock);
-      std::vector<int32_t> idx(T * K);
-      std::mt19937 rng(82 + T);
-      for (int32_t t = 0; t < T; ++t) {
-        std::vector<int32_t> e(E);
-        std::iota(e.begin(), e.end(), 0);
-        std::shuffle(e.begin(), e.end(), rng);
-        std::copy(e.begin(), e.begin() + K, idx.begin() + t * K);
-      }
+      const std::vector<int32_t> idx = RandomRouting(T, E, K, 82 + T);
       const auto uv = testing::RoundBf16(RandomVec(T * D, 83));
       const auto wv = RandomVec(T * K, 84, 0, 1);
       auto u = b.Scratch(DType::kF32, Shape{T, D});
@@ -1063,14 +1063,7 @@ TEST(CudaOps, WideExpertKernelSmallShapesMatchReference) {
   const MoeWeights wg{gate_up.g, down.g, Tensor{}, Tensor{}, Tensor{}};
   for (int32_t T : {48, 300}) {
     p.Begin({{0, T}}, kBlock);
-    std::vector<int32_t> idx(T * K);
-    std::mt19937 rng(92 + T);
-    for (int32_t t = 0; t < T; ++t) {
-      std::vector<int32_t> e(E);
-      std::iota(e.begin(), e.end(), 0);
-      std::shuffle(e.begin(), e.end(), rng);
-      std::copy(e.begin(), e.begin() + K, idx.begin() + t * K);
-    }
+    const std::vector<int32_t> idx = RandomRouting(T, E, K, 92 + T);
     Both u = p.Input(Shape{T, D}, testing::RoundBf16(RandomVec(T * D, 93)));
     Both ix = p.InputI(Shape{T, K}, idx);
     Both w = p.Input(Shape{T, K}, RandomVec(T * K, 94, 0, 1));
