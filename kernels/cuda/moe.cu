@@ -640,26 +640,25 @@ __device__ __forceinline__ MmaTile MakeMmaTile(const __nv_bfloat16* weight, int3
 // assignment order; otherwise rows out_lo and out_hi of y (fp32), at order[a] with scatter_out.
 template <bool kSwiGlu>
 __device__ __forceinline__ void StoreMmaGroup(const float (&acc)[4], int32_t g0, int ng, int quad,
-                                              int64_t out_lo, int64_t out_hi, bool ok_lo,
-                                              bool ok_hi, int64_t n_out, float limit,
+                                              const MmaTile& mt, int64_t n_out, float limit,
                                               bool scatter_out, const int32_t* order, void* y) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int j = 2 * quad + h;
     if (j >= ng) continue;
     if constexpr (kSwiGlu) {
-      if (ok_lo) {
+      if (mt.ok_lo) {
         // SwiGluKernel's clamps and expression.
         const float gate = fminf(acc[h], limit);
         const float up = fminf(fmaxf(acc[2 + h], -limit), limit);
-        static_cast<__nv_bfloat16*>(y)[static_cast<int64_t>(g0 + j) * n_out + out_lo] =
+        static_cast<__nv_bfloat16*>(y)[static_cast<int64_t>(g0 + j) * n_out + mt.out_lo] =
             __float2bfloat16_rn(gate / (1.0f + expf(-gate)) * up);
       }
     } else {
       const int64_t dst = scatter_out ? order[g0 + j] : g0 + j;
       float* yr = static_cast<float*>(y) + dst * n_out;
-      if (ok_lo) yr[out_lo] = acc[h];
-      if (ok_hi) yr[out_hi] = acc[2 + h];
+      if (mt.ok_lo) yr[mt.out_lo] = acc[h];
+      if (mt.ok_hi) yr[mt.out_hi] = acc[2 + h];
     }
   }
 }
@@ -701,10 +700,7 @@ __global__ void __launch_bounds__(kMmaThreads, kWideBlocksPerSm)
   const int32_t a0 = offsets[e], a1 = offsets[e + 1];
   const int64_t tile = static_cast<int64_t>(blockIdx.x) * kMmaWarps + threadIdx.x / 32;
   const MmaTile mt = MakeMmaTile<kSwiGlu>(weight, e, tile, n_out, k_in);
-  const int64_t out_lo = mt.out_lo, out_hi = mt.out_hi;
-  const bool ok_lo = mt.ok_lo, ok_hi = mt.ok_hi, live = mt.live;
-  const uint4* wlo = mt.wlo;
-  const uint4* whi = mt.whi;
+  const bool live = mt.live;
   const int kblocks = static_cast<int>(k_in / kMmaKBlock);
   const int lane = threadIdx.x & 31, quad = lane & 3;
   // K blocks per chunk for a pass of n assignments: as many as the staged words hold (>= 1: the
@@ -715,7 +711,7 @@ __global__ void __launch_bounds__(kMmaThreads, kWideBlocksPerSm)
   };
   uint4 lo[kWideUnroll], hi[kWideUnroll];
   // The batch of k blocks kb .. min(kb + kWideUnroll, end) - 1.
-  auto load_batch = [&](int kb, int end) { LoadWeightBatch(lo, hi, wlo, whi, kb, end); };
+  auto load_batch = [&](int kb, int end) { LoadWeightBatch(lo, hi, mt.wlo, mt.whi, kb, end); };
   auto pass_size = [&](int32_t p0) { return a1 - p0 < kWideTokens ? a1 - p0 : kWideTokens; };
   if (live) load_batch(0, chunk_of(pass_size(a0)));
   for (int32_t p0 = a0; p0 < a1; p0 += kWideTokens) {
@@ -779,8 +775,8 @@ __global__ void __launch_bounds__(kMmaThreads, kWideBlocksPerSm)
       for (int g = 0; g < kWideGroups; ++g) {
         if (g < groups) {
           const int ng = n - g * kMmaTokens < kMmaTokens ? n - g * kMmaTokens : kMmaTokens;
-          StoreMmaGroup<kSwiGlu>(acc[g], p0 + g * kMmaTokens, ng, quad, out_lo, out_hi, ok_lo,
-                                 ok_hi, n_out, limit, scatter_out, order, y);
+          StoreMmaGroup<kSwiGlu>(acc[g], p0 + g * kMmaTokens, ng, quad, mt, n_out, limit,
+                                 scatter_out, order, y);
         }
       }
     }
@@ -818,10 +814,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
   const int slice = warp % kSplitK;
   const int64_t tile = static_cast<int64_t>(blockIdx.x) * kTilesPerBlock + warp / kSplitK;
   const MmaTile mt = MakeMmaTile<kSwiGlu>(weight, e, tile, n_out, k_in);
-  const int64_t out_lo = mt.out_lo, out_hi = mt.out_hi;
-  const bool ok_lo = mt.ok_lo, ok_hi = mt.ok_hi, live = mt.live;
-  const uint4* wlo = mt.wlo;
-  const uint4* whi = mt.whi;
+  const bool live = mt.live;
   const int kblocks = static_cast<int>(k_in / kMmaKBlock);
   const int kb_begin = slice * kblocks / kSplitK, kb_end = (slice + 1) * kblocks / kSplitK;
   const int items = kblocks * 32;  // 16-byte words of the staged group
@@ -832,7 +825,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
   // group (the same rows again) before that group's staging: the weight stream does not wait for
   // the x round trip and the barriers.
   uint4 lo[kMmaUnroll], hi[kMmaUnroll];
-  auto load_batch = [&](int kb) { LoadWeightBatch(lo, hi, wlo, whi, kb, kb_end); };
+  auto load_batch = [&](int kb) { LoadWeightBatch(lo, hi, mt.wlo, mt.whi, kb, kb_end); };
   if (live && a0 < a1) load_batch(kb_begin);
 
   for (int32_t g0 = a0; g0 < a1; g0 += kMmaTokens) {
@@ -895,8 +888,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
       }
     }
     if (live && slice == 0) {
-      StoreMmaGroup<kSwiGlu>(acc, g0, ng, quad, out_lo, out_hi, ok_lo, ok_hi, n_out, limit,
-                             scatter_out, order, y);
+      StoreMmaGroup<kSwiGlu>(acc, g0, ng, quad, mt, n_out, limit, scatter_out, order, y);
     }
   }
 }
