@@ -1,14 +1,17 @@
 #include "common/json_util.h"
 
+#include <unistd.h>
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
 #include <set>
 #include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/mapped_file.h"
 #include "common/status.h"
 
 namespace dsv4 {
@@ -48,20 +51,29 @@ std::string Where(std::string_view where, std::string_view key) {
 }  // namespace
 
 absl::StatusOr<std::string> ReadFileToString(const std::string& path, size_t max_bytes) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  if (size < 0) return absl::InternalError(absl::StrCat("cannot size ", path));
-  if (static_cast<size_t>(size) > max_bytes) {
+  ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    return absl::InternalError(absl::StrCat("cannot size ", path));
+  }
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
     return absl::InvalidArgumentError(
-        absl::StrCat(path, " is ", size, " bytes, more than the limit of ", max_bytes));
+        absl::StrCat(path, " is ", st.st_size, " bytes, more than the limit of ", max_bytes));
   }
-  in.seekg(0, std::ios::beg);
-  std::string data(static_cast<size_t>(size), '\0');
-  if (size > 0 && !in.read(data.data(), size)) {
-    return absl::InternalError(absl::StrCat("cannot read ", path));
+  std::string data(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::read(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ::close(fd);
+      return absl::InternalError(absl::StrCat("cannot read ", path));
+    }
+    done += static_cast<size_t>(n);
   }
+  ::close(fd);
   return data;
 }
 

@@ -10,20 +10,41 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace dsv4 {
 
-absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+absl::StatusOr<int> OpenRegularFile(const std::string& path) {
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int err = errno;
     if (err == ENOENT) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": no such file"));
     return absl::PermissionDeniedError(absl::StrCat("cannot open ", path, ": ", std::strerror(err)));
   }
   struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
     ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file"));
+    return absl::InternalError(absl::StrCat("cannot stat ", path, ": ", std::strerror(err)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, S_ISDIR(st.st_mode) ? " is a directory" : " is not a regular file",
+        ", expected a file"));
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
+absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path) {
+  ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    return absl::InternalError(absl::StrCat("cannot stat ", path));
   }
   MappedFile file;
   file.path_ = path;

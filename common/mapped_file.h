@@ -9,6 +9,11 @@
 
 namespace dsv4 {
 
+// Opens `path` read-only without blocking (a FIFO or device never stalls the caller) and returns
+// its descriptor (close-on-exec, blocking mode restored), or NotFound / PermissionDenied /
+// InvalidArgument ("is a directory", "is not a regular file") naming the path.
+absl::StatusOr<int> OpenRegularFile(const std::string& path);
+
 class MappedFile {
  public:
   // Maps `path` read-only. Empty files map to an empty span (data() may be null).

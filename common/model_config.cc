@@ -178,27 +178,27 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text) {
     if (!found) return Invalid("architectures", "must include \"DeepseekV4ForCausalLM\"");
   }
 
-  ASSIGN_OR_RETURN(c.vocab_size, IntField(j, "vocab_size", 129280, 1, kMaxVocab));
-  ASSIGN_OR_RETURN(c.hidden_size, IntField(j, "hidden_size", 4096, 1, kMaxDim));
-  ASSIGN_OR_RETURN(c.num_layers, IntField(j, "num_hidden_layers", 43, 1, kMaxLayers));
-  ASSIGN_OR_RETURN(c.num_heads, IntField(j, "num_attention_heads", 64, 1, kMaxDim));
+  ASSIGN_OR_RETURN(c.vocab_size, IntField(j, "vocab_size", /*def=*/0, 1, kMaxVocab, /*required=*/true));
+  ASSIGN_OR_RETURN(c.hidden_size, IntField(j, "hidden_size", /*def=*/0, 1, kMaxDim, /*required=*/true));
+  ASSIGN_OR_RETURN(c.num_layers, IntField(j, "num_hidden_layers", /*def=*/0, 1, kMaxLayers, /*required=*/true));
+  ASSIGN_OR_RETURN(c.num_heads, IntField(j, "num_attention_heads", /*def=*/0, 1, kMaxDim, /*required=*/true));
   ASSIGN_OR_RETURN(auto kv_heads, IntField(j, "num_key_value_heads", 1, 1, kMaxDim));
   if (kv_heads != 1) {
     return absl::UnimplementedError(absl::StrCat(
         "config.json: num_key_value_heads = ", kv_heads, "; DSV4 has one shared K=V latent"));
   }
-  ASSIGN_OR_RETURN(c.head_dim, IntField(j, "head_dim", 512, 2, kMaxDim));
+  ASSIGN_OR_RETURN(c.head_dim, IntField(j, "head_dim", /*def=*/0, 2, kMaxDim, /*required=*/true));
   if (c.head_dim % 2 != 0) return Invalid("head_dim", "must be even");
-  ASSIGN_OR_RETURN(c.q_lora_rank, IntField(j, "q_lora_rank", 1024, 1, kMaxDim));
-  ASSIGN_OR_RETURN(c.o_groups, IntField(j, "o_groups", 8, 1, kMaxDim));
-  ASSIGN_OR_RETURN(c.o_lora_rank, IntField(j, "o_lora_rank", 1024, 1, kMaxDim));
+  ASSIGN_OR_RETURN(c.q_lora_rank, IntField(j, "q_lora_rank", /*def=*/0, 1, kMaxDim, /*required=*/true));
+  ASSIGN_OR_RETURN(c.o_groups, IntField(j, "o_groups", /*def=*/0, 1, kMaxDim, /*required=*/true));
+  ASSIGN_OR_RETURN(c.o_lora_rank, IntField(j, "o_lora_rank", /*def=*/0, 1, kMaxDim, /*required=*/true));
   if (c.num_heads % c.o_groups != 0) {
     return Invalid("num_attention_heads",
                    absl::StrCat("= ", c.num_heads, " is not divisible by o_groups = ", c.o_groups));
   }
-  ASSIGN_OR_RETURN(c.sliding_window, IntField(j, "sliding_window", 128, 1, kMaxDim));
+  ASSIGN_OR_RETURN(c.sliding_window, IntField(j, "sliding_window", /*def=*/0, 1, kMaxDim, /*required=*/true));
   ASSIGN_OR_RETURN(c.max_position_embeddings,
-                   IntField(j, "max_position_embeddings", 1048576, 1, kMaxPositions));
+                   IntField(j, "max_position_embeddings", /*def=*/0, 1, kMaxPositions, /*required=*/true));
 
   // Rotary dims: legacy qk_rope_head_dim, or partial_rotary_factor * head_dim.
   ASSIGN_OR_RETURN(auto legacy_rd, OptInt(j, "qk_rope_head_dim", ""));
@@ -328,9 +328,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text) {
 
   // Indexer (CSA layers only, but always validated when present).
   const bool has_csa = c.HasLayerType(AttnType::kCsa);
-  ASSIGN_OR_RETURN(c.index_n_heads, IntField(j, "index_n_heads", 64, 1, kMaxDim));
-  ASSIGN_OR_RETURN(c.index_head_dim, IntField(j, "index_head_dim", 128, 1, kMaxDim));
-  ASSIGN_OR_RETURN(c.index_topk, IntField(j, "index_topk", 512, 1, kMaxPositions));
+  ASSIGN_OR_RETURN(c.index_n_heads, IntField(j, "index_n_heads", /*def=*/0, 1, kMaxDim, /*required=*/true));
+  ASSIGN_OR_RETURN(c.index_head_dim, IntField(j, "index_head_dim", /*def=*/0, 1, kMaxDim, /*required=*/true));
+  ASSIGN_OR_RETURN(c.index_topk, IntField(j, "index_topk", /*def=*/0, 1, kMaxPositions, /*required=*/true));
   if (has_csa && c.rope_dims > c.index_head_dim) {
     return Invalid("index_head_dim", absl::StrCat("= ", c.index_head_dim,
                                                   " is smaller than qk_rope_head_dim = ",
@@ -338,7 +338,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text) {
   }
 
   // mHC.
-  ASSIGN_OR_RETURN(c.hc_mult, IntField(j, "hc_mult", 4, 1, 64));
+  ASSIGN_OR_RETURN(c.hc_mult, IntField(j, "hc_mult", /*def=*/0, 1, 64, /*required=*/true));
   ASSIGN_OR_RETURN(c.hc_sinkhorn_iters, IntField(j, "hc_sinkhorn_iters", 20, 1, 10000));
   ASSIGN_OR_RETURN(c.hc_eps, DoubleField(j, "hc_eps", 1e-6));
   if (c.hc_eps < 0) return Invalid("hc_eps", "must be >= 0");
@@ -346,11 +346,11 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text) {
   if (!(c.rms_norm_eps > 0)) return Invalid("rms_norm_eps", "must be > 0");
 
   // MoE.
-  ASSIGN_OR_RETURN(c.n_routed_experts, IntField(j, "n_routed_experts", 256, 1, kMaxExperts));
+  ASSIGN_OR_RETURN(c.n_routed_experts, IntField(j, "n_routed_experts", /*def=*/0, 1, kMaxExperts, /*required=*/true));
   ASSIGN_OR_RETURN(c.num_experts_per_tok,
-                   IntField(j, "num_experts_per_tok", 6, 1, c.n_routed_experts));
+                   IntField(j, "num_experts_per_tok", /*def=*/0, 1, c.n_routed_experts, /*required=*/true));
   ASSIGN_OR_RETURN(int64_t inter, IntField(j, "intermediate_size", 2048, 1, kMaxDim));
-  ASSIGN_OR_RETURN(c.moe_intermediate_size, IntField(j, "moe_intermediate_size", inter, 1, kMaxDim));
+  ASSIGN_OR_RETURN(c.moe_intermediate_size, IntField(j, "moe_intermediate_size", /*def=*/0, 1, kMaxDim, /*required=*/true));
   ASSIGN_OR_RETURN(c.routed_scaling_factor, DoubleField(j, "routed_scaling_factor", 1.5));
   if (!(c.routed_scaling_factor > 0)) return Invalid("routed_scaling_factor", "must be > 0");
   ASSIGN_OR_RETURN(c.swiglu_limit, DoubleField(j, "swiglu_limit", 10.0));
