@@ -72,6 +72,8 @@ struct SampledToken {
   int32_t token = 0;
   float logprob = 0;                              // when sampling->logprobs > 0
   std::vector<std::pair<int32_t, float>> top;     // top-n (token, logprob), most likely first
+  // The logits row held NaN or Inf: `token` is meaningless and the coordinator fails the request.
+  bool nonfinite = false;
 };
 
 // How the worker actually ran a step (it may fall back to eager when it cannot run the planned

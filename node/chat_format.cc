@@ -1,6 +1,7 @@
 #include "node/chat_format.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/echo.h"
 
 namespace dsv4 {
 
@@ -18,7 +19,7 @@ absl::StatusOr<std::string> RenderChat(const std::vector<ChatTurn>& messages, bo
     const std::string where = absl::StrCat("messages[", i, "].role");
     if (m.role != "user" && m.role != "assistant" && m.role != "system") {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, ": \"", m.role, "\" is not system, user or assistant"));
+          absl::StrCat(where, ": ", EchoValue(m.role), " is not system, user or assistant"));
     }
     if (m.role == "system") {
       return absl::InvalidArgumentError(absl::StrCat(where, ": system is only allowed first"));

@@ -1,7 +1,13 @@
 #include "node/engine.h"
 
-#include <algorithm>
+#include <sys/random.h>
 
+#include <cerrno>
+
+#include <algorithm>
+#include <random>
+
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -11,6 +17,31 @@ namespace {
 
 double Seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
+}
+
+// The key of a request id in its owner's namespace.
+std::string NameKey(const std::string& owner, const std::string& name) {
+  return absl::StrCat(owner, "\x1f", name);
+}
+
+// "req-" and 128 random bits from the kernel's CSPRNG, so that nobody can guess another
+// client's id.
+std::string NewRequestId() {
+  unsigned char bytes[16];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    const ssize_t n = ::getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+    } else if (errno != EINTR) {
+      // No getrandom (pre-3.17 kernel): random_device reads /dev/urandom.
+      std::random_device rd;
+      for (size_t i = got; i < sizeof(bytes); ++i) bytes[i] = static_cast<unsigned char>(rd());
+      got = sizeof(bytes);
+    }
+  }
+  return absl::StrCat("req-", absl::BytesToHexString(absl::string_view(
+                                  reinterpret_cast<const char*>(bytes), sizeof(bytes))));
 }
 
 v1::FinishReason ToProto(FinishReason r) {
@@ -95,21 +126,24 @@ absl::StatusOr<std::string> Engine::Submit(ValidatedRequest request,
                                                      config_.max_waiting, " waiting)"));
   }
   const uint64_t id = next_id_++;
-  std::string name = request.request_id.empty() ? absl::StrCat("req-", id) : request.request_id;
-  if (names_.count(name) > 0) {
+  std::string name = request.request_id.empty() ? NewRequestId() : request.request_id;
+  std::string key = NameKey(request.owner, name);
+  if (names_.count(key) > 0) {
     return absl::AlreadyExistsError(absl::StrCat("request_id: \"", name, "\" is already in flight"));
   }
-  names_[name] = id;
+  names_[key] = id;
   ++stats_.in_flight;
-  inbox_.push_back(Pending{std::move(request), std::move(sink), name, Clock::now()});
+  inbox_.push_back(Pending{std::move(request), std::move(sink), name, std::move(key), Clock::now()});
   cv_.notify_one();
   return name;
 }
 
-bool Engine::Abort(const std::string& request_id, const std::string& reason) {
+bool Engine::Abort(const std::string& request_id, const std::string& reason,
+                   const std::string& owner) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (names_.count(request_id) == 0) return false;
-  aborts_.emplace_back(request_id, reason);
+  std::string key = NameKey(owner, request_id);
+  if (names_.count(key) == 0) return false;
+  aborts_.emplace_back(std::move(key), reason);
   cv_.notify_one();
   return true;
 }
@@ -131,7 +165,7 @@ bool Engine::WaitIdle(std::chrono::milliseconds timeout) {
 
 void Engine::CancelAll(const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& [name, id] : names_) aborts_.emplace_back(name, reason);
+  for (const auto& [key, id] : names_) aborts_.emplace_back(key, reason);
   cv_.notify_one();
 }
 
@@ -207,9 +241,10 @@ void Engine::Admit(Pending p) {
   Live r;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    r.id = names_.at(p.name);
+    r.id = names_.at(p.key);
   }
   r.name = p.name;
+  r.key = p.key;
   r.sink = std::move(p.sink);
   r.prompt_tokens = static_cast<int32_t>(p.request.prompt.size());
   r.logprobs = p.request.sampling->logprobs;
@@ -315,11 +350,19 @@ void Engine::CollectStep() {
     RecordGraphRun(f.graph, result->graph);
   }
   const auto now = Clock::now();
+  std::vector<uint64_t> broken;  // rows whose logits were not finite
   for (const SampledToken& t : result->sampled) {
     // Requests that finished or were aborted since the launch: their rows are dropped.
     auto it = live_.find(t.request_id);
     if (it == live_.end()) continue;
     Live& r = it->second;
+    if (t.nonfinite || t.token < 0) {
+      LogError("nonfinite_logits", {{"step", static_cast<int64_t>(plan.step_id)},
+                                    {"request_id", r.name},
+                                    {"token", static_cast<int64_t>(t.token)}});
+      broken.push_back(t.request_id);
+      continue;
+    }
     const TokenOutcome out = r.processor->OnToken(t.token);
     if (NodeMetrics* m = r.metrics) {
       m->generation_tokens->Increment();
@@ -357,6 +400,13 @@ void Engine::CollectStep() {
     } else {
       scheduler_.AppendToken(r.id, t.token);
     }
+  }
+  if (!broken.empty()) {
+    // The model produced NaN or Inf: the token is meaningless. A worker error, not a finish.
+    if (metrics_) metrics_->worker_errors->Increment(static_cast<double>(broken.size()));
+    FailAll(broken, absl::InternalError(
+                        "the model produced non-finite logits (NaN or Inf) for this request; the "
+                        "node's weights or its worker are broken (see the node's log)"));
   }
   if (metrics_) {
     // Labelled by what ran: a planned graph the worker could not run counts as eager. An
@@ -464,10 +514,10 @@ void Engine::Finish(Live* r, FinishReason reason, const StopInfo& stop, const st
   }
   r->sink->Emit(std::move(resp), /*last=*/true);
   scheduler_.Remove(r->id);
-  const std::string name = r->name;
+  const std::string key = r->key;
   live_.erase(r->id);
   std::lock_guard<std::mutex> lock(mu_);
-  names_.erase(name);
+  names_.erase(key);
   --stats_.in_flight;
   RefreshCounts();
   idle_cv_.notify_all();
@@ -485,10 +535,10 @@ void Engine::FailAll(const std::vector<uint64_t>& ids, const absl::Status& statu
     if (r.metrics) r.metrics->Finished(FinishReason::kError, r.processor->phase()).Increment();
     r.sink->Emit(std::move(resp), /*last=*/true);
     scheduler_.Remove(id);
-    const std::string name = r.name;
+    const std::string key = r.key;
     live_.erase(it);
     std::lock_guard<std::mutex> lock(mu_);
-    names_.erase(name);
+    names_.erase(key);
     --stats_.in_flight;
     RefreshCounts();
     idle_cv_.notify_all();

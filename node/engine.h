@@ -91,12 +91,15 @@ class Engine {
   ~Engine();
 
   void Start();
-  // Queues a validated request. Returns its id (client-given or assigned). RESOURCE_EXHAUSTED
-  // when the queue is full, UNAVAILABLE while draining or stopped, ALREADY_EXISTS for an id in
-  // flight.
+  // Queues a validated request. Returns its id: the client's, or an unguessable "req-<32 hex>"
+  // (128 random bits). Ids live in the namespace of the request's owner (ValidatedRequest::owner).
+  // RESOURCE_EXHAUSTED when the queue is full, UNAVAILABLE while draining or stopped,
+  // ALREADY_EXISTS for an id the same owner has in flight.
   absl::StatusOr<std::string> Submit(ValidatedRequest request, std::shared_ptr<RequestSink> sink);
-  // Cancels a request (finish reason CANCELLED). False if the id is not in flight.
-  bool Abort(const std::string& request_id, const std::string& reason = "aborted");
+  // Cancels `owner`'s request (finish reason CANCELLED). False if that owner has no such id in
+  // flight (another owner's requests are out of reach).
+  bool Abort(const std::string& request_id, const std::string& reason = "aborted",
+             const std::string& owner = "");
   // Stops accepting new requests (they get UNAVAILABLE); in-flight ones continue.
   void BeginDrain();
   bool draining() const;
@@ -116,6 +119,7 @@ class Engine {
   struct Live {
     uint64_t id = 0;
     std::string name;
+    std::string key;  // NameKey(owner, name)
     std::shared_ptr<RequestSink> sink;
     std::unique_ptr<OutputProcessor> processor;
     int32_t prompt_tokens = 0;
@@ -130,6 +134,7 @@ class Engine {
     ValidatedRequest request;
     std::shared_ptr<RequestSink> sink;
     std::string name;
+    std::string key;
     Clock::time_point arrival;
   };
 
@@ -183,8 +188,9 @@ class Engine {
   std::condition_variable cv_;
   std::condition_variable idle_cv_;
   std::deque<Pending> inbox_;
-  std::vector<std::pair<std::string, std::string>> aborts_;
-  std::map<std::string, uint64_t> names_;  // request id -> internal id, for every request in flight
+  std::vector<std::pair<std::string, std::string>> aborts_;  // (name key, reason)
+  // NameKey(owner, request id) -> internal id, for every request in flight.
+  std::map<std::string, uint64_t> names_;
   uint64_t next_id_ = 1;
   bool draining_ = false;
   bool stop_ = false;

@@ -1,7 +1,5 @@
 #include "node/metrics.h"
 
-#include <prometheus/exposer.h>
-
 #include "absl/strings/str_cat.h"
 
 namespace dsv4 {
@@ -134,22 +132,5 @@ prometheus::Histogram& NodeMetrics::StepDuration(const char* graph_mode) {
   const std::string m = graph_mode;
   return *step_duration_[m == "full" ? 2 : m == "piecewise" ? 1 : 0];
 }
-
-absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
-    const std::string& listen, std::shared_ptr<prometheus::Registry> registry) {
-  std::unique_ptr<MetricsServer> s(new MetricsServer());
-  try {
-    s->exposer_ = std::make_unique<prometheus::Exposer>(listen, /*num_threads=*/2);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("metrics listener on ", listen, ": ", e.what()));
-  }
-  s->exposer_->RegisterCollectable(registry);
-  const auto ports = s->exposer_->GetListeningPorts();
-  if (ports.empty()) return absl::UnavailableError("metrics listener has no port");
-  s->port_ = ports.front();
-  return s;
-}
-
-MetricsServer::~MetricsServer() = default;
 
 }  // namespace dsv4

@@ -16,10 +16,6 @@
 #include "absl/status/statusor.h"
 #include "node/output_processor.h"
 
-namespace prometheus {
-class Exposer;
-}
-
 namespace dsv4 {
 
 class NodeMetrics {
@@ -68,20 +64,6 @@ class NodeMetrics {
   prometheus::Family<prometheus::Counter>* rejected_family_;
   prometheus::Family<prometheus::Histogram>* step_family_;
   std::array<prometheus::Histogram*, 3> step_duration_{};
-};
-
-// Serves a registry at http://HOST:PORT/metrics on its own threads. "HOST:0" picks a free port.
-class MetricsServer {
- public:
-  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
-      const std::string& listen, std::shared_ptr<prometheus::Registry> registry);
-  ~MetricsServer();
-  int port() const { return port_; }
-
- private:
-  MetricsServer() = default;
-  std::unique_ptr<prometheus::Exposer> exposer_;
-  int port_ = 0;
 };
 
 }  // namespace dsv4

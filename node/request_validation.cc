@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/echo.h"
 #include "common/status.h"
 #include "node/chat_format.h"
 
@@ -27,6 +28,24 @@ Phase PromptPhase(const std::vector<int32_t>& ids, int32_t think_start, int32_t 
     if (*it == think_start) return Phase::kReasoning;
   }
   return Phase::kContent;
+}
+
+// Bounds an input before it is tokenized: at most max_input_bytes, and not so long that it
+// cannot fit in the model length whatever its tokens (a token spells at most
+// max_bytes_per_token bytes).
+absl::Status CheckInputBytes(const char* field, int64_t bytes, const Tokenizer& tokenizer,
+                             const NodeLimits& limits) {
+  if (bytes > limits.max_input_bytes) {
+    return absl::OutOfRangeError(absl::StrCat(field, ": ", bytes, " bytes exceed the limit of ",
+                                              limits.max_input_bytes));
+  }
+  const int64_t per_token = tokenizer.max_bytes_per_token();
+  if (per_token > 0 && bytes / per_token >= limits.max_model_len) {
+    return absl::OutOfRangeError(absl::StrCat(
+        field, ": ", bytes, " bytes need at least ", bytes / per_token,
+        " tokens; the model length is ", limits.max_model_len));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -59,13 +78,9 @@ absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& req,
     }
     case v1::GenerateRequest::kText: {
       if (req.text().empty()) return Invalid("input.text", "must not be empty");
-      if (static_cast<int64_t>(req.text().size()) > limits.max_input_bytes) {
-        return absl::OutOfRangeError(absl::StrCat("input.text: ", req.text().size(),
-                                                  " bytes exceed the limit of ",
-                                                  limits.max_input_bytes));
-      }
-      auto ids = tokenizer.Encode(req.text());
-      if (!ids.ok()) return Invalid("input.text", std::string(ids.status().message()));
+      RETURN_IF_ERROR(CheckInputBytes("input.text", req.text().size(), tokenizer, limits));
+      auto ids = tokenizer.Encode(req.text(), limits.max_model_len - 1);
+      if (!ids.ok()) return Annotate(ids.status(), "input.text");
       out.prompt = std::move(*ids);
       phase = PromptPhase(out.prompt, limits.think_start_id, limits.think_end_id);
       break;
@@ -77,24 +92,28 @@ absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& req,
         return absl::OutOfRangeError(absl::StrCat("input.chat.messages: more than ",
                                                   limits.max_messages, " messages"));
       }
+      // Roles first: cheap, and a bad one is named whatever the size of the rest.
+      for (int i = 0; i < chat.messages_size(); ++i) {
+        const std::string& role = chat.messages(i).role();
+        if (role != "system" && role != "user" && role != "assistant") {
+          return Invalid(absl::StrCat("input.chat.messages[", i, "].role"),
+                         absl::StrCat(EchoValue(role), " is not system, user or assistant"));
+        }
+      }
       std::vector<ChatTurn> turns;
       int64_t bytes = 0;
       for (const auto& m : chat.messages()) {
-        bytes += static_cast<int64_t>(m.content().size());
+        bytes += static_cast<int64_t>(m.role().size() + m.content().size());
         turns.push_back({m.role(), m.content()});
       }
-      if (bytes > limits.max_input_bytes) {
-        return absl::OutOfRangeError(absl::StrCat("input.chat.messages: ", bytes,
-                                                  " bytes exceed the limit of ",
-                                                  limits.max_input_bytes));
-      }
+      RETURN_IF_ERROR(CheckInputBytes("input.chat.messages", bytes, tokenizer, limits));
       auto text = RenderChat(turns, chat.thinking());
       if (!text.ok()) {
         // RenderChat names "messages[i].role"; the public path is input.chat.messages[i].role.
         return absl::InvalidArgumentError(absl::StrCat("input.chat.", text.status().message()));
       }
-      auto ids = tokenizer.Encode(*text);
-      if (!ids.ok()) return Invalid("input.chat.messages", std::string(ids.status().message()));
+      auto ids = tokenizer.Encode(*text, limits.max_model_len - 1);
+      if (!ids.ok()) return Annotate(ids.status(), "input.chat.messages");
       out.prompt = std::move(*ids);
       phase = chat.thinking() ? Phase::kReasoning : Phase::kContent;
       break;
@@ -123,7 +142,14 @@ absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& req,
           ") exceeds the model length ", limits.max_model_len));
     }
   } else {
-    max_tokens = std::min<int64_t>(limits.default_max_tokens, limits.max_model_len - prompt_len);
+    // The default never asks for more than the model length or the KV pool can hold.
+    max_tokens = std::min<int64_t>({limits.default_max_tokens, limits.max_model_len - prompt_len,
+                                    limits.kv_capacity_tokens - prompt_len});
+    if (max_tokens < 1) {
+      return absl::OutOfRangeError(absl::StrCat("input: the prompt has ", prompt_len,
+                                                " tokens; the node's KV capacity is ",
+                                                limits.kv_capacity_tokens, " tokens"));
+    }
   }
   if (prompt_len + max_tokens > limits.kv_capacity_tokens) {
     return absl::OutOfRangeError(absl::StrCat("max_tokens: prompt + max_tokens = ",

@@ -36,6 +36,9 @@ struct NodeLimits {
 
 struct ValidatedRequest {
   std::string request_id;  // may be empty: the engine assigns one
+  // Whose request it is (the caller's connection or TLS identity, service.h): request ids are
+  // unique per owner and Abort reaches only the owner's requests. "" for in-process callers.
+  std::string owner;
   std::vector<int32_t> prompt;
   std::shared_ptr<SamplingSpec> sampling;
   OutputOptions output;

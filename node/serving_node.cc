@@ -1,5 +1,9 @@
 #include "node/serving_node.h"
 
+#include <mutex>
+
+#include <google/protobuf/stubs/logging.h>
+
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -9,19 +13,122 @@
 
 namespace dsv4 {
 
+namespace {
+
+// protobuf logs a parse failure of hostile bytes (a string field that is not UTF-8) at ERROR on
+// stderr; the client already gets INVALID_ARGUMENT, so the log gets a debug line.
+void ProtobufLog(google::protobuf::LogLevel level, const char* file, int line,
+                 const std::string& message) {
+  LogDebug("protobuf", {{"level", static_cast<int64_t>(level)}, {"message", message}});
+}
+
+// The last path component of `path` ("/models/dsv4-tiny/" -> "dsv4-tiny"): what GetModelInfo
+// tells clients instead of host paths.
+std::string BaseName(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+}  // namespace
+
+absl::Status ServingNode::StartListeners(const NodeOptions& o) {
+  ASSIGN_OR_RETURN(const ListenAddress grpc_at, ParseListenAddress("--listen", o.listen));
+  ASSIGN_OR_RETURN(const ListenAddress metrics_at,
+                   ParseListenAddress("--metrics-listen", o.metrics_listen));
+  if (o.tls.enabled()) {
+    ASSIGN_OR_RETURN(tls_, LoadTlsCredentials(o.tls));
+  }
+  const TlsCredentials* tls = o.tls.enabled() ? &tls_ : nullptr;
+  registry_ = std::make_shared<prometheus::Registry>();
+  metrics_ = std::make_unique<NodeMetrics>(registry_);
+  http::ServerOptions mo;
+  mo.host = metrics_at.host;
+  mo.port = metrics_at.port;
+  mo.max_connections = o.metrics_max_connections;
+  mo.tls = o.metrics_plaintext ? nullptr : tls;
+  auto metrics_server = MetricsServer::Start(mo, registry_);
+  if (!metrics_server.ok()) return Annotate(metrics_server.status(), "--metrics-listen");
+  metrics_server_ = std::move(*metrics_server);
+  AdmissionOptions admission = o.admission;
+  if (admission.max_requests_per_client <= 0) {
+    // Half of what the node holds, but never less than a full batch.
+    admission.max_requests_per_client =
+        std::max(o.max_num_seqs, (o.max_num_seqs + o.max_waiting) / 2);
+  }
+  service_ = std::make_unique<Dsv4Service>(metrics_.get(), admission);
+  GrpcServerOptions go;
+  go.listen = grpc_at;
+  go.tls = tls;
+  go.max_concurrent_streams = o.max_concurrent_streams;
+  ASSIGN_OR_RETURN(grpc_, GrpcServer::Start(go, service_.get()));
+  LogInfo("listening", {{"grpc_port", grpc_->port()},
+                        {"metrics_port", metrics_server_->port()},
+                        {"tls", tls == nullptr ? "off" : tls->mutual() ? "mutual" : "on"}});
+  return absl::OkStatus();
+}
+
+void ServingNode::FillModelInfo(const NodeOptions& o, const ModelConfig& mc,
+                                const WorkerInfo& winfo, const std::string& tokenizer_path) {
+  const NodeLimits& lim = runtime_.limits;
+  v1::ModelInfo& info = runtime_.model_info;
+  info.set_model_name(!o.served_model_name.empty() ? o.served_model_name
+                      : !o.synthetic_config.empty() ? BaseName(o.synthetic_config)
+                                                    : BaseName(o.model_dir));
+  info.set_tokenizer_name(BaseName(tokenizer_path));
+  info.set_vocab_size(mc.vocab_size);
+  info.set_max_model_len(lim.max_model_len);
+  info.set_num_layers(mc.num_layers);
+  info.set_hidden_size(mc.hidden_size);
+  for (AttnType t : mc.layer_types) info.add_layer_types(std::string(AttnTypeName(t)));
+  info.set_bos_token_id(static_cast<int32_t>(mc.bos_token_id));
+  for (int32_t e : lim.eos_token_ids) info.add_eos_token_ids(e);
+  info.set_device(winfo.device);
+  info.set_max_num_seqs(o.max_num_seqs);
+  info.set_default_max_tokens(o.default_max_tokens);
+  info.set_think_start_token_id(lim.think_start_id);
+  info.set_think_end_token_id(lim.think_end_id);
+}
+
+// One short request through the whole path before the node reports ready.
+absl::Status ServingNode::WarmUp(int64_t bos_token_id) {
+  v1::GenerateRequest warm;
+  warm.mutable_token_ids()->add_ids(static_cast<int32_t>(bos_token_id));
+  warm.set_max_tokens(2);
+  warm.set_ignore_eos(true);
+  warm.set_request_id("warmup");
+  ASSIGN_OR_RETURN(ValidatedRequest validated,
+                   ValidateRequest(warm, *tokenizer_, runtime_.limits, 0));
+  validated.internal = true;
+  validated.owner = "node";
+  auto sink = std::make_shared<PromiseSink>();
+  auto done = sink->future();
+  RETURN_IF_ERROR(engine_->Submit(std::move(validated), sink));
+  const v1::GenerateResponse last = done.get();
+  if (!last.has_finished()) {
+    return absl::InternalError(absl::StrCat("warm-up failed: ", last.error().message()));
+  }
+  // The final response is emitted before the engine retires the request: wait until it is gone,
+  // so that the node reports ready with nothing in flight (stats and drains start clean).
+  if (!engine_->WaitIdle(std::chrono::seconds(30))) {
+    return absl::InternalError("warm-up request did not retire");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   // Flags first: a typo must fail before minutes of model loading.
   ASSIGN_OR_RETURN(GraphConfig graphs,
                    GraphConfigFromFlags(o.cudagraph_mode, o.cudagraph_capture_sizes,
                                         o.enforce_eager, o.max_batched_tokens));
+  ASSIGN_OR_RETURN(const OverlapMode overlap, ParseOverlapMode(o.overlap));
+  ASSIGN_OR_RETURN(const DeviceChoice device, ResolveDevice(o.device));
+  ASSIGN_OR_RETURN(const Precision precision, ParsePrecision(o.precision));
+  static std::once_flag protobuf_log;
+  std::call_once(protobuf_log, [] { google::protobuf::SetLogHandler(&ProtobufLog); });
   std::unique_ptr<ServingNode> n(new ServingNode());
-  n->registry_ = std::make_shared<prometheus::Registry>();
-  n->metrics_ = std::make_unique<NodeMetrics>(n->registry_);
-  ASSIGN_OR_RETURN(n->metrics_server_, MetricsServer::Start(o.metrics_listen, n->registry_));
-  n->service_ = std::make_unique<Dsv4Service>(n->metrics_.get());
-  ASSIGN_OR_RETURN(n->grpc_, GrpcServer::Start(o.listen, n->service_.get()));
-  LogInfo("listening", {{"grpc_port", n->grpc_->port()}, {"metrics_port", n->metrics_server_->port()}});
+  RETURN_IF_ERROR(n->StartListeners(o));
 
   const std::string tok_path =
       o.tokenizer_path.empty() ? o.model_dir + "/tokenizer.json" : o.tokenizer_path;
@@ -43,8 +150,6 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
                                                    mc.vocab_size));
   }
   SetBlasThreads(o.threads);
-  ASSIGN_OR_RETURN(DeviceChoice device, ResolveDevice(o.device));
-  ASSIGN_OR_RETURN(Precision precision, ParsePrecision(o.precision));
   CacheConfig cache;
   cache.block_size = o.block_size > 0 ? o.block_size : DefaultBlockSize(mc);
   cache.num_slots = o.max_num_seqs;
@@ -71,21 +176,7 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
   lim.think_end_id = n->tokenizer_->TokenId(kThinkEndText).value_or(-1);
   lim.repetition_mode = o.repetition_mode;
   lim.repetition = o.repetition;
-  v1::ModelInfo& info = n->runtime_.model_info;
-  info.set_model_path(o.model_dir);
-  info.set_tokenizer_path(tok_path);
-  info.set_vocab_size(mc.vocab_size);
-  info.set_max_model_len(lim.max_model_len);
-  info.set_num_layers(mc.num_layers);
-  info.set_hidden_size(mc.hidden_size);
-  for (AttnType t : mc.layer_types) info.add_layer_types(std::string(AttnTypeName(t)));
-  info.set_bos_token_id(static_cast<int32_t>(mc.bos_token_id));
-  for (int32_t e : lim.eos_token_ids) info.add_eos_token_ids(e);
-  info.set_device(winfo.device);
-  info.set_max_num_seqs(o.max_num_seqs);
-  info.set_default_max_tokens(o.default_max_tokens);
-  info.set_think_start_token_id(lim.think_start_id);
-  info.set_think_end_token_id(lim.think_end_id);
+  n->FillModelInfo(o, mc, winfo, tok_path);
 
   EngineConfig ec;
   ec.scheduler.max_num_seqs = o.max_num_seqs;
@@ -94,7 +185,7 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
   ec.max_waiting = o.max_waiting;
   ec.force_indexer_scoring = o.force_indexer_scoring;
   ec.graphs = graphs;
-  ASSIGN_OR_RETURN(ec.overlap, ParseOverlapMode(o.overlap));
+  ec.overlap = overlap;
   // worker_graphs=false (the CPU worker) means every step runs eagerly whatever the mode says.
   LogInfo("cuda_graphs", {{"mode", CudaGraphModeName(graphs.mode)},
                           {"enforce_eager", o.enforce_eager},
@@ -106,32 +197,12 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
   n->engine_->Start();
   n->runtime_.engine = n->engine_.get();
   n->runtime_.tokenizer = n->tokenizer_.get();
-
-  // Warm-up: one short request through the whole path before reporting ready.
-  v1::GenerateRequest warm;
-  warm.mutable_token_ids()->add_ids(static_cast<int32_t>(mc.bos_token_id));
-  warm.set_max_tokens(2);
-  warm.set_ignore_eos(true);
-  warm.set_request_id("warmup");
-  ASSIGN_OR_RETURN(ValidatedRequest validated, ValidateRequest(warm, *n->tokenizer_, lim, 0));
-  validated.internal = true;
-  auto sink = std::make_shared<PromiseSink>();
-  auto done = sink->future();
-  RETURN_IF_ERROR(n->engine_->Submit(std::move(validated), sink));
-  const v1::GenerateResponse last = done.get();
-  if (!last.has_finished()) {
-    return absl::InternalError(absl::StrCat("warm-up failed: ", last.error().message()));
-  }
-  // The final response is emitted before the engine retires the request: wait until it is gone,
-  // so that the node reports ready with nothing in flight (stats and drains start clean).
-  if (!n->engine_->WaitIdle(std::chrono::seconds(30))) {
-    return absl::InternalError("warm-up request did not retire");
-  }
+  RETURN_IF_ERROR(n->WarmUp(mc.bos_token_id));
   n->service_->Attach(&n->runtime_);
   n->grpc_->SetServing(true);
   n->metrics_->ready->Set(1);
   LogInfo("serving",
-          {{"model", o.model_dir},
+          {{"model", n->runtime_.model_info.model_name()},
            {"load_seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()},
            {"max_model_len", lim.max_model_len},
            {"kv_blocks", cache.num_blocks},
@@ -154,6 +225,9 @@ bool ServingNode::Drain(std::chrono::milliseconds timeout) {
 }
 
 void ServingNode::Shutdown() {
+  // The tokenizer queue first (what waits there is refused; it uses the engine), then the
+  // server (its calls end), then the engine.
+  if (service_) service_->Shutdown();
   if (grpc_) grpc_->Shutdown(std::chrono::milliseconds(2000));
   grpc_.reset();
   if (engine_) engine_->Stop();

@@ -9,9 +9,12 @@
 
 #include "absl/status/statusor.h"
 #include "node/engine.h"
+#include "node/http/metrics_server.h"
 #include "node/metrics.h"
 #include "node/repetition.h"
+#include "node/server/grpc_server.h"
 #include "node/server/service.h"
+#include "node/server/tls.h"
 
 namespace dsv4 {
 
@@ -24,6 +27,13 @@ struct NodeOptions {
   std::string tokenizer_path;       // "" = <model_dir>/tokenizer.json
   std::string listen = "0.0.0.0:50051";
   std::string metrics_listen = "0.0.0.0:9464";
+  std::string served_model_name;   // "" = the model directory's name
+  // TLS on the gRPC API and, unless metrics_plaintext, on the metrics listener.
+  TlsFiles tls;
+  bool metrics_plaintext = false;
+  AdmissionOptions admission;
+  int32_t max_concurrent_streams = 256;  // per gRPC connection
+  int32_t metrics_max_connections = 256;
   int64_t max_model_len = 0;        // 0 = min(max_position_embeddings, 8192)
   int32_t max_num_seqs = 64;
   int32_t max_batched_tokens = 2048;
@@ -53,6 +63,7 @@ class ServingNode {
 
   int grpc_port() const { return grpc_->port(); }
   int metrics_port() const { return metrics_server_->port(); }
+  http::ServerStats metrics_stats() const { return metrics_server_->stats(); }
   Engine& engine() { return *engine_; }
   NodeMetrics& metrics() { return *metrics_; }
   const ServingRuntime& runtime() const { return runtime_; }
@@ -60,11 +71,22 @@ class ServingNode {
   // Stops accepting (health NOT_SERVING, new calls UNAVAILABLE), waits up to `timeout` for
   // in-flight requests, then cancels the rest. Returns true when everything finished in time.
   bool Drain(std::chrono::milliseconds timeout);
+  // Cancels every in-flight request now (a forced shutdown); thread-safe.
+  void CancelAll(const std::string& reason) {
+    if (engine_) engine_->CancelAll(reason);
+  }
   // Closes the listeners and stops the engine.
   void Shutdown();
 
  private:
   ServingNode() = default;
+  // The listeners (health NOT_SERVING) and the model's runtime limits, in Start's order.
+  absl::Status StartListeners(const NodeOptions& o);
+  absl::Status WarmUp(int64_t bos_token_id);
+  void FillModelInfo(const NodeOptions& o, const ModelConfig& mc, const WorkerInfo& winfo,
+                     const std::string& tokenizer_path);
+
+  TlsCredentials tls_;
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<NodeMetrics> metrics_;
   std::unique_ptr<MetricsServer> metrics_server_;

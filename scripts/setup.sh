@@ -16,10 +16,13 @@ PACKAGES=(
   libopenblas-dev nlohmann-json3-dev libcli11-dev libabsl-dev libpcre2-dev
   libgtest-dev libgmock-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler prometheus-cpp-dev
+  # HTTP listeners: Boost.Beast (header-only) with OpenSSL for TLS
+  libboost-dev libssl-dev
 )
 if [ $BUILD_ONLY -eq 0 ]; then
-  # Test tools: clang (fuzzers), promtool and a Prometheus server, yamllint, curl.
-  PACKAGES+=(clang prometheus yamllint curl)
+  # Test tools: clang (fuzzers), promtool and a Prometheus server, yamllint, curl, openssl
+  # (certificates for the TLS tests).
+  PACKAGES+=(clang prometheus yamllint curl openssl)
   # Node.js runs the independent gRPC client and the manifest validation; use the machine's
   # node when it has one.
   if ! command -v node >/dev/null || ! command -v npm >/dev/null; then

@@ -17,6 +17,14 @@ SampledToken SampleToken(std::span<float> logits, const SamplingSpec& spec, int3
                          const std::unordered_map<int32_t, int32_t>& seen,
                          const std::unordered_map<int32_t, int32_t>& outputs) {
   SampledToken out;
+  // NaN or Inf from the model (broken weights, an overflow): no token can be drawn.
+  for (float v : logits) {
+    if (!std::isfinite(v)) {
+      out.nonfinite = true;
+      out.token = -1;
+      return out;
+    }
+  }
   // Log-probabilities are those of the raw model distribution.
   std::vector<float> raw;
   if (spec.logprobs > 0) raw.assign(logits.begin(), logits.end());

@@ -29,7 +29,9 @@ absl::Status Worker::Launch(const StepPlan& plan) {
         return absl::InvalidArgumentError(
             absl::StrCat("request ", s.request_id, ": a deferred token is one placeholder token"));
       }
-      s.tokens = {it->second};
+      // A row that sampled nothing (non-finite logits) feeds token 0: the coordinator fails that
+      // request when it collects the earlier step, and an id must stay in the vocabulary.
+      s.tokens = {std::max(it->second, 0)};
       s.deferred_token = false;
     }
   }

@@ -206,10 +206,14 @@ __global__ void __launch_bounds__(kThreads)
       __syncthreads();
     }
   }
+  float bad = 0;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) bad += isfinite(raw[i]) ? 0.0f : 1.0f;
+  bad = BlockSum(bad, sf);
   const int32_t token = GeneralToken(p, raw, vocab, mask_ids, seen, output, l, sv, si, sd, sf);
   if (threadIdx.x == 0) {
     o->token = token;
     o->logprob = p.logprobs > 0 ? static_cast<float>(raw[token] - lse) : 0.0f;
+    o->nonfinite = bad > 0 ? 1 : 0;
     ClearUnusedTops(o, p.logprobs);
     if (slot_tokens != nullptr && p.slot >= 0) slot_tokens[p.slot] = token;
   }
@@ -235,7 +239,8 @@ struct alignas(16) Part {
   double sum;     // sum over the slice of exp(raw - mx)
   float mx;       // max of the slice's raw values
   int32_t tok_i;  // its id (INT32_MAX: none)
-  int32_t pad[2];
+  int32_t nonfinite;  // the slice's raw values hold NaN or Inf
+  int32_t pad;
   float top_v[kMaxLogprobs];    // slice top-n of raw, sorted (value desc, index asc)
   int32_t top_i[kMaxLogprobs];  // INT32_MAX pads
 };
@@ -313,6 +318,17 @@ __global__ void __launch_bounds__(kPartThreads) SamplePartialKernel(
     const int off = tid + k * kPartThreads;
     x[k] = off < n ? raw[lo + off] : NAN;  // NaN: never a candidate, skipped by fmaxf
   }
+
+  // Non-finite raw values anywhere in the slice (the padding past n is NaN by construction).
+  __shared__ int sbad;
+  if (tid == 0) sbad = 0;
+  __syncthreads();
+  bool bad = false;
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) bad |= tid + k * kPartThreads < n && !isfinite(x[k]);
+  if (__any_sync(0xffffffffu, bad) && lane == 0) atomicOr(&sbad, 1);
+  __syncthreads();
+  if (tid == 0) part->nonfinite = sbad;
 
   const int nlp = min(p.logprobs, kMaxLogprobs);
   if (nlp > 0) {
@@ -493,6 +509,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float sf[32];
   __shared__ double slse;
   __shared__ int32_t stoken;
+  __shared__ int32_t snonfinite;
   const int64_t row = blockIdx.x;
   const SampleRow p = params[row];
   const float* raw = logits + row * vocab;
@@ -561,6 +578,11 @@ __global__ void __launch_bounds__(kThreads)
     WarpArgMaxD(bv, bi);
     if (lane == 0) stoken = bi == INT32_MAX ? 0 : bi;  // no candidate: still a valid id
   }
+  if (threadIdx.x == 0) {
+    int bad = 0;
+    for (int s = 0; s < num_slices; ++s) bad |= parts[s].nonfinite;
+    snonfinite = bad;
+  }
   __syncthreads();  // the Part records are consumed: the general path may reuse the row
   int32_t token;
   if (split_token) {
@@ -572,6 +594,7 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) {
     o->token = token;
     o->logprob = nlp > 0 ? static_cast<float>(raw[token] - slse) : 0.0f;
+    o->nonfinite = snonfinite;
     ClearUnusedTops(o, nlp);
     if (slot_tokens != nullptr && p.slot >= 0) slot_tokens[p.slot] = token;
   }

@@ -37,6 +37,9 @@ struct SampleOut {
   float logprob;
   int32_t top_ids[kMaxLogprobs];
   float top_logprobs[kMaxLogprobs];
+  // 1 when the raw logits row held NaN or Inf: `token` is then only a valid id (the next step's
+  // input), not a sample, and the coordinator fails the request.
+  int32_t nonfinite;
 };
 
 // logits [rows, vocab] (read only); work [rows, vocab] scratch for the penalized row. seen/output

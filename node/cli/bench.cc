@@ -21,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "common/status.h"
 #include "node/cli/commands.h"
+#include "node/cli/flag_checks.h"
 #include "node/cli/model_flags.h"
 #include "node/engine.h"
 #include "node/scheduler/graph_policy.h"
@@ -79,7 +80,7 @@ class Bench final : public Command {
     app.add_option("--repeats", repeats_, "repetitions; the best is reported")
         ->check(CLI::Range(1, 1000));
     app.add_option("--hbm-tbps", hbm_tbps_, "HBM bandwidth for the roofline column (TB/s)")
-        ->check(CLI::Range(0.01, 100.0));
+        ->check(FiniteRange(0.01, 100.0));
     app.add_option("--cudagraph-mode", graph_mode_,
                    "none|piecewise|full|full_decode_only|full_and_piecewise (as serve); a comma "
                    "list runs the table once per mode on the same loaded worker");

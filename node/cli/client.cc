@@ -15,6 +15,7 @@
 #include "dsv4/v1/dsv4.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "node/cli/commands.h"
+#include "node/cli/flag_checks.h"
 
 namespace dsv4::cli {
 namespace {
@@ -39,10 +40,10 @@ class Client final : public Command {
     app.add_flag("--ignore-eos", ignore_eos_, "keep generating after end-of-sequence");
     app.add_option("--logprobs", logprobs_, "top-n logprobs per token");
     app.add_option("--request-id", request_id_, "request id");
-    app.add_option("--timeout", timeout_s_, "deadline in seconds")->check(CLI::Range(0.001, 1e6));
+    app.add_option("--timeout", timeout_s_, "deadline in seconds")->check(FiniteRange(0.001, 1e6));
     app.add_option("--wait-ready", wait_ready_s_,
                    "first wait up to this many seconds for the node to report SERVING")
-        ->check(CLI::Range(0.0, 3600.0));
+        ->check(FiniteRange(0.0, 3600.0));
     app.add_flag("--json", json_, "print every response as a JSON line");
   }
 

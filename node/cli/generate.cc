@@ -9,6 +9,7 @@
 #include "common/status.h"
 #include "kernels/sampling_ref.h"
 #include "node/cli/commands.h"
+#include "node/cli/flag_checks.h"
 #include "node/cli/model_flags.h"
 #include "worker/model/local_sequences.h"
 
@@ -37,12 +38,12 @@ class Generate final : public Command {
         ->required();
     app.add_option("--max-tokens", max_tokens_, "tokens to generate")->check(CLI::Range(1, 1 << 20));
     app.add_option("--temperature", sampling_.temperature, "0 = greedy")
-        ->check(CLI::Range(0.0, 100.0));
+        ->check(FiniteRange(0.0, 100.0));
     app.add_option("--top-k", sampling_.top_k, "0 = off")->check(CLI::Range(0, 1 << 24));
     app.add_option("--top-p", sampling_.top_p, "nucleus mass in (0, 1]")
-        ->check(CLI::Range(1e-6, 1.0));
+        ->check(FiniteRange(1e-6, 1.0));
     app.add_option("--min-p", sampling_.min_p, "minimum probability relative to the top token")
-        ->check(CLI::Range(0.0, 1.0));
+        ->check(FiniteRange(0.0, 1.0));
     app.add_option("--seed", sampling_.seed, "sampling seed");
     app.add_flag("--ignore-eos", ignore_eos_, "keep generating after an end-of-sequence token");
   }

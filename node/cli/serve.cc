@@ -1,17 +1,22 @@
 // dsv4-node serve: the serving node. gRPC (dsv4.v1 + health + reflection) and Prometheus on their
 // own ports; ready only after the model is loaded and a warm-up request ran; SIGTERM/SIGINT
 // drain: stop accepting, let in-flight requests finish within --drain-timeout, cancel the rest,
-// exit 0.
-#include <signal.h>
+// exit 0 (repeated signals: shutdown_signals.h).
+#include <fcntl.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
+#include <cstring>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "node/cli/commands.h"
+#include "node/cli/flag_checks.h"
 #include "node/cli/model_flags.h"
+#include "node/cli/shutdown_signals.h"
 #include "node/serving_node.h"
 
 namespace dsv4::cli {
@@ -64,24 +69,40 @@ class Serve final : public Command {
                    "supports it: the GPU worker)|on|off")
         ->check(CLI::IsMember({"auto", "on", "off"}));
     app.add_option("--drain-timeout", drain_timeout_s_, "seconds in-flight requests get on SIGTERM")
-        ->check(CLI::Range(0.0, 3600.0));
+        ->check(FiniteRange(0.0, 3600.0));
+    app.add_option("--served-model-name", o_.served_model_name,
+                   "the model's name in GetModelInfo (default: the model directory's name)");
+    app.add_option("--tls-cert", o_.tls.cert, "PEM certificate chain: serve gRPC (and metrics) over TLS");
+    app.add_option("--tls-key", o_.tls.key, "PEM private key of --tls-cert");
+    app.add_option("--tls-client-ca", o_.tls.client_ca,
+                   "PEM CA bundle: require client certificates it signed (mutual TLS)");
+    app.add_flag("--metrics-plaintext", o_.metrics_plaintext,
+                 "serve /metrics without TLS even when --tls-cert is set");
+    app.add_option("--max-requests-per-client", o_.admission.max_requests_per_client,
+                   "requests one client (IP address, or TLS identity) may have in flight; more get "
+                   "RESOURCE_EXHAUSTED (0 = half of --max-num-seqs + --max-waiting, at least --max-num-seqs)")
+        ->check(CLI::Range(0, 1 << 20));
+    app.add_option("--max-concurrent-streams", o_.max_concurrent_streams,
+                   "gRPC streams per connection (HTTP/2 SETTINGS); further calls wait on the client")
+        ->check(CLI::Range(1, 1 << 20));
+    app.add_option("--metrics-max-connections", o_.metrics_max_connections,
+                   "open connections to the metrics listener; more are closed at once")
+        ->check(CLI::Range(1, 1 << 20));
   }
 
   int Run() override {
-    // Block the termination signals in every thread started from here; the main thread waits
-    // for them with sigwait.
-    sigset_t signals;
-    sigemptyset(&signals);
-    sigaddset(&signals, SIGTERM);
-    sigaddset(&signals, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
+    // Before anything loads: a signal now exits at once, later it drains.
+    ShutdownSignals signals;
     if (flags_.synthetic_config.empty()) {
       auto dir = flags_.ResolveModelDir();
       if (!dir.ok()) return Fail(dir.status());
       o_.model_dir = *dir;
     } else if (o_.tokenizer_path.empty()) {
       return Fail(absl::InvalidArgumentError("--synthetic-config needs --tokenizer"));
+    }
+    if (!port_file_.empty()) {
+      // Writable before minutes of loading, not after.
+      if (absl::Status s = WritePortFile(-1, -1); !s.ok()) return Fail(s);
     }
     o_.synthetic_config = flags_.synthetic_config;
     o_.seed = flags_.seed;
@@ -96,23 +117,48 @@ class Serve final : public Command {
     auto node = ServingNode::Start(o_);
     if (!node.ok()) return Fail(node.status());
     if (!port_file_.empty()) {
-      std::ofstream f(port_file_ + ".tmp");
-      f << "{\"grpc\": " << (*node)->grpc_port() << ", \"metrics\": " << (*node)->metrics_port()
-        << "}\n";
-      f.close();
-      std::rename((port_file_ + ".tmp").c_str(), port_file_.c_str());
+      if (absl::Status s = WritePortFile((*node)->grpc_port(), (*node)->metrics_port()); !s.ok()) {
+        (*node)->Shutdown();
+        return Fail(s);
+      }
     }
-    int sig = 0;
-    sigwait(&signals, &sig);
+    ServingNode* n = node->get();
+    signals.Serving([n] { n->CancelAll("cancelled: forced shutdown (SIGINT during the drain)"); });
+    const int sig = signals.WaitForDrain();
     LogInfo("draining", {{"signal", sig}, {"timeout_seconds", drain_timeout_s_}});
     const bool drained =
-        (*node)->Drain(std::chrono::milliseconds(static_cast<int64_t>(drain_timeout_s_ * 1000)));
-    (*node)->Shutdown();
-    LogInfo("stopped", {{"drained", drained}});
-    return 0;
+        n->Drain(std::chrono::milliseconds(static_cast<int64_t>(drain_timeout_s_ * 1000)));
+    n->Shutdown();
+    signals.Serving(nullptr);  // the node goes away before the handlers do
+    const bool forced = signals.forced();
+    LogInfo("stopped", {{"drained", drained && !forced}, {"forced", forced}});
+    return forced ? 130 : 0;
   }
 
  private:
+  // Writes {"grpc": G, "metrics": M} to --port-file atomically (a temporary file renamed); with
+  // negative ports it only checks that the file can be written.
+  absl::Status WritePortFile(int grpc, int metrics) const {
+    const std::string tmp = port_file_ + ".tmp";
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--port-file: cannot write ", tmp, ": ", std::strerror(errno)));
+    }
+    const std::string text = absl::StrCat("{\"grpc\": ", grpc, ", \"metrics\": ", metrics, "}\n");
+    const bool wrote = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+    const bool closed = ::close(fd) == 0;
+    if (grpc < 0) {
+      ::unlink(tmp.c_str());
+      return absl::OkStatus();
+    }
+    if (!wrote || !closed || std::rename(tmp.c_str(), port_file_.c_str()) != 0) {
+      return absl::InternalError(
+          absl::StrCat("--port-file: cannot write ", port_file_, ": ", std::strerror(errno)));
+    }
+    return absl::OkStatus();
+  }
+
   ModelFlags flags_;
   NodeOptions o_;
   std::string port_file_;

@@ -3,8 +3,7 @@
 #include <deque>
 #include <mutex>
 
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/support/proto_buffer_reader.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -13,51 +12,121 @@ namespace dsv4 {
 
 grpc::Status ToGrpc(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+  constexpr size_t kMaxMessage = 1024;
+  std::string message(status.message());
+  if (message.size() > kMaxMessage) {
+    message.resize(kMaxMessage);
+    message += "... (cut)";
+  }
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), message);
 }
 
 namespace {
 
-class GenerateReactor;
+// Parses a request from the wire; false for bytes that are not a valid `Message` (proto3 also
+// rejects string fields that are not UTF-8).
+template <class Message>
+bool ParseRequest(const grpc::ByteBuffer* bytes, Message* out) {
+  grpc::ByteBuffer copy(*bytes);  // slices are shared, not copied
+  return grpc::SerializationTraits<Message>::Deserialize(&copy, out).ok();
+}
 
-// Shared between the reactor (gRPC threads) and the engine (its thread). Outlives the reactor:
-// after OnDone, emitted responses are dropped.
-class StreamState final : public RequestSink {
+grpc::Status Malformed(const char* type) {
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                      absl::StrCat("request: not a valid ", type,
+                                   " (malformed protobuf, or a string field that is not UTF-8)"));
+}
+
+template <class Message>
+grpc::Status Serialize(const Message& msg, grpc::ByteBuffer* out) {
+  bool own = false;
+  return grpc::SerializationTraits<Message>::Serialize(msg, out, &own);
+}
+
+// The caller of a call: its requests' owner and its quota key.
+Dsv4Service::Caller Identify(const grpc::CallbackServerContext* ctx) {
+  Dsv4Service::Caller c;
+  auto auth = ctx->auth_context();
+  if (auth != nullptr && auth->IsPeerAuthenticated()) {
+    std::string id;
+    for (const auto& v : auth->GetPeerIdentity()) {
+      absl::StrAppend(&id, id.empty() ? "" : ",", absl::string_view(v.data(), v.size()));
+    }
+    c.owner = c.client = absl::StrCat("tls:", id);
+    return c;
+  }
+  const std::string peer = ctx->peer();  // "ipv4:127.0.0.1:40404", "ipv6:[::1]:40404"
+  c.owner = absl::StrCat("conn:", peer);
+  const size_t colon = peer.rfind(':');
+  c.client = colon == std::string::npos ? peer : peer.substr(0, colon);
+  return c;
+}
+
+int64_t InputBytes(const v1::GenerateRequest& req) {
+  switch (req.input_case()) {
+    case v1::GenerateRequest::kText: return static_cast<int64_t>(req.text().size());
+    case v1::GenerateRequest::kChat: {
+      int64_t n = 0;
+      for (const auto& m : req.chat().messages()) n += m.role().size() + m.content().size();
+      return n;
+    }
+    default: return 0;
+  }
+}
+
+}  // namespace
+
+// One Generate call: the gRPC reactor and, shared with the engine, the stream of its responses.
+// The StreamState outlives the reactor: after OnDone, emitted responses are dropped; the client's
+// quota slot is given back when the engine emits the request's last response.
+class Dsv4Service::GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  explicit StreamState(GenerateReactor* reactor) : reactor_(reactor) {}
-  void Emit(v1::GenerateResponse response, bool last) override;
-  // From the reactor.
-  void OnWriteDone(bool ok);
-  void Detach();
+  class StreamState final : public RequestSink {
+   public:
+    StreamState(GenerateCall* call, std::function<void()> release)
+        : call_(call), release_(std::move(release)) {}
+    void Emit(v1::GenerateResponse response, bool last) override;
+    void OnWriteDone(bool ok);
+    void Detach();
+    void ReleaseQuota();
 
- private:
-  void Pump(std::unique_lock<std::mutex>& lock);
-  std::mutex mu_;
-  GenerateReactor* reactor_;
-  std::deque<v1::GenerateResponse> queue_;
-  bool writing_ = false;
-  bool last_queued_ = false;
-  bool finished_ = false;
-  bool broken_ = false;
-};
+   private:
+    void Pump(std::unique_lock<std::mutex>& lock);
+    std::mutex mu_;
+    GenerateCall* call_;
+    std::function<void()> release_;
+    std::deque<grpc::ByteBuffer> queue_;
+    bool writing_ = false;
+    bool last_queued_ = false;
+    bool finished_ = false;
+    bool broken_ = false;
+  };
 
-class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
- public:
-  GenerateReactor(Engine* engine) : engine_(engine), state_(std::make_shared<StreamState>(this)) {}
+  GenerateCall(Engine* engine, std::function<void()> release)
+      : engine_(engine), state_(std::make_shared<StreamState>(this, std::move(release))) {}
   std::shared_ptr<StreamState> state() { return state_; }
-  void set_name(std::string name) {
+  void set_name(std::string owner, std::string name) {
     std::lock_guard<std::mutex> lock(mu_);
+    owner_ = std::move(owner);
     name_ = std::move(name);
+  }
+  // Ends the call before the engine took the request (its quota slot is given back).
+  void Refuse(const grpc::Status& status) {
+    state_->ReleaseQuota();
+    Finish(status);
   }
 
   void OnWriteDone(bool ok) override { state_->OnWriteDone(ok); }
   void OnCancel() override {
-    std::string name;
+    std::string owner, name;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      owner = owner_;
       name = name_;
     }
-    if (engine_ != nullptr && !name.empty()) engine_->Abort(name, "client cancelled or deadline");
+    if (engine_ != nullptr && !name.empty()) {
+      engine_->Abort(name, "client cancelled or deadline", owner);
+    }
   }
   void OnDone() override {
     state_->Detach();
@@ -68,47 +137,62 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   Engine* engine_;
   std::shared_ptr<StreamState> state_;
   std::mutex mu_;
-  std::string name_;
+  std::string owner_, name_;
 };
 
-void StreamState::Emit(v1::GenerateResponse response, bool last) {
+void Dsv4Service::GenerateCall::StreamState::ReleaseQuota() {
+  std::function<void()> release;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    release.swap(release_);
+  }
+  if (release) release();
+}
+
+void Dsv4Service::GenerateCall::StreamState::Emit(v1::GenerateResponse response, bool last) {
+  if (last) ReleaseQuota();
   std::unique_lock<std::mutex> lock(mu_);
-  if (reactor_ == nullptr || finished_ || last_queued_) return;
+  if (call_ == nullptr || finished_ || last_queued_) return;
   if (broken_) {
     if (last) {
       finished_ = true;
-      GenerateReactor* r = reactor_;
+      GenerateCall* c = call_;
       lock.unlock();
-      r->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
+      c->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
     }
     return;
   }
-  queue_.push_back(std::move(response));
+  grpc::ByteBuffer bytes;
+  if (!Serialize(response, &bytes).ok()) {
+    LogError("response_serialization_failed", {{"request_id", response.request_id()}});
+    return;
+  }
+  queue_.push_back(std::move(bytes));
   last_queued_ = last;
   Pump(lock);
 }
 
-void StreamState::Pump(std::unique_lock<std::mutex>& lock) {
-  if (writing_ || reactor_ == nullptr || finished_) return;
+void Dsv4Service::GenerateCall::StreamState::Pump(std::unique_lock<std::mutex>& lock) {
+  if (writing_ || call_ == nullptr || finished_) return;
   if (!queue_.empty()) {
     writing_ = true;
-    const v1::GenerateResponse* msg = &queue_.front();  // stable until popped in OnWriteDone
-    GenerateReactor* r = reactor_;
+    const grpc::ByteBuffer* msg = &queue_.front();  // stable until popped in OnWriteDone
+    GenerateCall* c = call_;
     lock.unlock();
-    r->StartWrite(msg);
+    c->StartWrite(msg);
     lock.lock();
     return;
   }
   if (last_queued_) {
     finished_ = true;
-    GenerateReactor* r = reactor_;
+    GenerateCall* c = call_;
     lock.unlock();
-    r->Finish(grpc::Status::OK);
+    c->Finish(grpc::Status::OK);
     lock.lock();
   }
 }
 
-void StreamState::OnWriteDone(bool ok) {
+void Dsv4Service::GenerateCall::StreamState::OnWriteDone(bool ok) {
   std::unique_lock<std::mutex> lock(mu_);
   writing_ = false;
   if (!queue_.empty()) queue_.pop_front();
@@ -118,113 +202,138 @@ void StreamState::OnWriteDone(bool ok) {
     queue_.clear();
     if (last_queued_ && !finished_) {
       finished_ = true;
-      GenerateReactor* r = reactor_;
+      GenerateCall* c = call_;
       lock.unlock();
-      r->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
+      c->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
     }
     return;
   }
   Pump(lock);
 }
 
-void StreamState::Detach() {
+void Dsv4Service::GenerateCall::StreamState::Detach() {
   std::lock_guard<std::mutex> lock(mu_);
-  reactor_ = nullptr;
+  call_ = nullptr;
   queue_.clear();
 }
 
-}  // namespace
+Dsv4Service::Dsv4Service(NodeMetrics* metrics, AdmissionOptions admission)
+    : metrics_(metrics),
+      admission_(admission),
+      quota_(admission.max_requests_per_client),
+      tokenize_(admission.tokenizer_threads, admission.tokenizer_queue) {}
 
-grpc::ServerWriteReactor<v1::GenerateResponse>* Dsv4Service::Generate(
-    grpc::CallbackServerContext* ctx, const v1::GenerateRequest* req) {
+void Dsv4Service::Shutdown() {
+  stopping_.store(true);
+  tokenize_.Stop();
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* Dsv4Service::Generate(grpc::CallbackServerContext* ctx,
+                                                                  const grpc::ByteBuffer* bytes) {
   const ServingRuntime* rt = runtime_.load();
-  auto* reactor = new GenerateReactor(rt != nullptr ? rt->engine : nullptr);
   if (rt == nullptr) {
+    auto* call = new GenerateCall(nullptr, nullptr);
     if (metrics_) metrics_->Rejected("not_ready").Increment();
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the model is still loading"));
-    return reactor;
+    call->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the model is still loading"));
+    return call;
+  }
+  auto request = std::make_shared<v1::GenerateRequest>();
+  if (!ParseRequest(bytes, request.get())) {
+    auto* call = new GenerateCall(nullptr, nullptr);
+    if (metrics_) metrics_->Rejected("invalid_argument").Increment();
+    call->Finish(Malformed("dsv4.v1.GenerateRequest"));
+    return call;
+  }
+  const Caller caller = Identify(ctx);
+  if (!quota_.Acquire(caller.client)) {
+    auto* call = new GenerateCall(nullptr, nullptr);
+    if (metrics_) metrics_->Rejected("client_limit").Increment();
+    call->Finish(grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat("this client has ", quota_.limit(),
+                     " requests in flight, the limit (--max-requests-per-client)")));
+    return call;
+  }
+  auto* call = new GenerateCall(rt->engine, [this, client = caller.client] { quota_.Release(client); });
+  if (InputBytes(*request) <= admission_.inline_input_bytes) {
+    Admit(rt, call, ctx, *request, caller);
+    return call;
+  }
+  // Large inputs are tokenized off the gRPC threads. The call stays alive until it is finished.
+  const bool queued = tokenize_.Post(
+      [this, rt, call, ctx, request, caller] { Admit(rt, call, ctx, *request, caller); });
+  if (!queued) {
+    if (metrics_) metrics_->Rejected("queue_full").Increment();
+    call->Refuse(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                              absl::StrCat("the tokenizer queue is full (", tokenize_.capacity(),
+                                           " large inputs waiting)")));
+  }
+  return call;
+}
+
+void Dsv4Service::Admit(const ServingRuntime* rt, GenerateCall* call,
+                        grpc::CallbackServerContext* ctx, const v1::GenerateRequest& request,
+                        const Caller& caller) {
+  if (stopping_.load()) {
+    call->Refuse(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the node is shutting down"));
+    return;
   }
   const uint64_t seed = seed_counter_.fetch_add(0x9e3779b97f4a7c15ull);
-  auto validated = ValidateRequest(*req, *rt->tokenizer, rt->limits, seed);
+  auto validated = ValidateRequest(request, *rt->tokenizer, rt->limits, seed);
   if (!validated.ok()) {
     if (metrics_) metrics_->Rejected("invalid_argument").Increment();
     LogDebug("request_rejected", {{"error", std::string(validated.status().message())}});
-    reactor->Finish(ToGrpc(validated.status()));
-    return reactor;
+    call->Refuse(ToGrpc(validated.status()));
+    return;
   }
-  auto name = rt->engine->Submit(std::move(*validated), reactor->state());
+  validated->owner = caller.owner;
+  auto name = rt->engine->Submit(std::move(*validated), call->state());
   if (!name.ok()) {
-    reactor->Finish(ToGrpc(name.status()));
-    return reactor;
+    call->Refuse(ToGrpc(name.status()));
+    return;
   }
-  reactor->set_name(*name);
+  call->set_name(caller.owner, *name);
   // A call cancelled before set_name() could not abort; catch that case here.
-  if (ctx->IsCancelled()) rt->engine->Abort(*name, "client cancelled");
-  return reactor;
+  if (ctx->IsCancelled()) rt->engine->Abort(*name, "client cancelled", caller.owner);
 }
 
 grpc::ServerUnaryReactor* Dsv4Service::Abort(grpc::CallbackServerContext* ctx,
-                                             const v1::AbortRequest* req, v1::AbortResponse* resp) {
+                                             const grpc::ByteBuffer* bytes,
+                                             grpc::ByteBuffer* out) {
   auto* reactor = ctx->DefaultReactor();
-  const ServingRuntime* rt = runtime_.load();
-  if (req->request_id().empty()) {
+  v1::AbortRequest req;
+  if (!ParseRequest(bytes, &req)) {
+    reactor->Finish(Malformed("dsv4.v1.AbortRequest"));
+    return reactor;
+  }
+  if (req.request_id().empty()) {
     reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request_id: must not be empty"));
     return reactor;
   }
-  resp->set_found(rt != nullptr && rt->engine->Abort(req->request_id(), "aborted by Abort"));
-  reactor->Finish(grpc::Status::OK);
+  const ServingRuntime* rt = runtime_.load();
+  v1::AbortResponse resp;
+  resp.set_found(rt != nullptr &&
+                 rt->engine->Abort(req.request_id(), "aborted by Abort", Identify(ctx).owner));
+  reactor->Finish(Serialize(resp, out));
   return reactor;
 }
 
 grpc::ServerUnaryReactor* Dsv4Service::GetModelInfo(grpc::CallbackServerContext* ctx,
-                                                    const v1::GetModelInfoRequest*,
-                                                    v1::ModelInfo* resp) {
+                                                    const grpc::ByteBuffer* bytes,
+                                                    grpc::ByteBuffer* out) {
   auto* reactor = ctx->DefaultReactor();
+  v1::GetModelInfoRequest req;
+  if (!ParseRequest(bytes, &req)) {
+    reactor->Finish(Malformed("dsv4.v1.GetModelInfoRequest"));
+    return reactor;
+  }
   const ServingRuntime* rt = runtime_.load();
   if (rt == nullptr) {
     reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the model is still loading"));
     return reactor;
   }
-  *resp = rt->model_info;
-  reactor->Finish(grpc::Status::OK);
+  reactor->Finish(Serialize(rt->model_info, out));
   return reactor;
-}
-
-absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const std::string& listen,
-                                                             Dsv4Service* service) {
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  std::unique_ptr<GrpcServer> s(new GrpcServer());
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &s->port_);
-  builder.RegisterService(service);
-  builder.SetMaxReceiveMessageSize(16 << 20);
-  s->server_ = builder.BuildAndStart();
-  if (s->server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen for gRPC on ", listen));
-  }
-  s->SetServing(false);
-  // Liveness: SERVING for as long as the process answers, also while loading and draining
-  // (the Kubernetes liveness probe asks for service "liveness"; readiness asks for "").
-  if (auto* health = s->server_->GetHealthCheckService()) health->SetServingStatus("liveness", true);
-  return s;
-}
-
-GrpcServer::~GrpcServer() { Shutdown(std::chrono::milliseconds(0)); }
-
-void GrpcServer::SetServing(bool serving) {
-  if (server_ == nullptr) return;
-  auto* health = server_->GetHealthCheckService();
-  if (health == nullptr) return;
-  health->SetServingStatus("", serving);
-  health->SetServingStatus("dsv4.v1.Dsv4", serving);
-}
-
-void GrpcServer::Shutdown(std::chrono::milliseconds grace) {
-  if (server_ == nullptr) return;
-  server_->Shutdown(std::chrono::system_clock::now() + grace);
-  server_->Wait();
-  server_.reset();
 }
 
 }  // namespace dsv4

@@ -4,10 +4,13 @@
 #include <pcre2.h>
 
 #include <algorithm>
+#include <array>
+#include <limits>
 #include <map>
 #include <queue>
 
 #include "absl/strings/str_cat.h"
+#include "common/echo.h"
 #include "common/json_util.h"
 #include "common/status.h"
 
@@ -123,8 +126,8 @@ class Regex {
     if (code == nullptr) {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(err, msg, sizeof(msg));
-      return absl::InvalidArgumentError(absl::StrCat("tokenizer regex \"", pattern,
-                                                     "\" does not compile at offset ", offset, ": ",
+      return absl::InvalidArgumentError(absl::StrCat("tokenizer regex ", EchoValue(pattern, 96),
+                                                     " does not compile at offset ", offset, ": ",
                                                      reinterpret_cast<const char*>(msg)));
     }
     pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // best effort; the interpreter is the fallback
@@ -215,6 +218,7 @@ struct Tokenizer::Impl {
   std::vector<PreTokenizer> pre;
   std::vector<AddedToken> added;  // sorted by content length, longest first
   std::unordered_map<int32_t, size_t> added_by_id;
+  std::array<bool, 256> added_first_byte{};  // bytes that start some added token
   std::optional<int32_t> unk;
   bool ignore_merges = false;
 
@@ -222,6 +226,11 @@ struct Tokenizer::Impl {
   void SplitAdded(std::string_view text, std::vector<std::pair<int32_t, std::string_view>>* out) const {
     size_t seg = 0, i = 0;
     while (i < text.size()) {
+      // Most positions cannot start an added token: skip them without comparing.
+      if (!added_first_byte[static_cast<unsigned char>(text[i])]) {
+        ++i;
+        continue;
+      }
       bool hit = false;
       for (const AddedToken& t : added) {
         if (text.compare(i, t.content.size(), t.content) != 0) continue;
@@ -465,7 +474,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
   int64_t max_id = -1;
   for (const auto& [token, id] : vocab->items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > (1 << 24)) {
-      return bad(absl::StrCat("model.vocab[\"", token, "\"] must be an id in [0, 2^24]"));
+      return bad(absl::StrCat("model.vocab[", EchoValue(token), "] must be an id in [0, 2^24]"));
     }
     im.vocab[token] = static_cast<int32_t>(id.get<int64_t>());
     max_id = std::max(max_id, id.get<int64_t>());
@@ -494,7 +503,10 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
     std::stable_sort(im.added.begin(), im.added.end(), [](const AddedToken& a, const AddedToken& b) {
       return a.content.size() > b.content.size();
     });
-    for (size_t i = 0; i < im.added.size(); ++i) im.added_by_id[im.added[i].id] = i;
+    for (size_t i = 0; i < im.added.size(); ++i) {
+      im.added_by_id[im.added[i].id] = i;
+      im.added_first_byte[static_cast<unsigned char>(im.added[i].content[0])] = true;
+    }
   }
 
   tok->id_to_token_.assign(static_cast<size_t>(max_id + 1), "");
@@ -569,7 +581,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
           {"MergedWithNext", SplitBehavior::kMergedWithNext},
           {"Contiguous", SplitBehavior::kContiguous}};
       auto it = kBehaviors.find(behavior);
-      if (it == kBehaviors.end()) return unsupported(absl::StrCat(where, ".behavior ", behavior));
+      if (it == kBehaviors.end()) return unsupported(absl::StrCat(where, ".behavior ", EchoValue(behavior)));
       pt.behavior = it->second;
       pt.invert = p.value("invert", false);
     } else if (type == "ByteLevel") {
@@ -579,7 +591,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
         ASSIGN_OR_RETURN(pt.regex, Regex::Compile(kGpt2Pattern, false));
       }
     } else {
-      return unsupported(absl::StrCat(where, " of type ", type));
+      return unsupported(absl::StrCat(where, " of type ", EchoValue(type)));
     }
     im.pre.push_back(std::move(pt));
     return absl::OkStatus();
@@ -595,6 +607,17 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
       return unsupported("a decoder other than ByteLevel");
     }
   }
+  // Bytes per token: every token covers its own bytes, unless whitespace stripping or a Removed
+  // split makes a token stand for text it does not spell.
+  bool unbounded = false;
+  for (const AddedToken& t : im.added) unbounded |= t.lstrip || t.rstrip;
+  for (const PreTokenizer& p : im.pre) unbounded |= p.behavior == SplitBehavior::kRemoved;
+  if (!unbounded) {
+    for (int32_t id = 0; id < static_cast<int32_t>(tok->id_to_token_.size()); ++id) {
+      tok->max_bytes_per_token_ =
+          std::max<int64_t>(tok->max_bytes_per_token_, tok->TokenBytes(id).size());
+    }
+  }
   return tok;
 }
 
@@ -606,7 +629,19 @@ absl::StatusOr<std::vector<std::string>> Tokenizer::EncodePieces(std::string_vie
 }
 
 absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text) const {
+  return Encode(text, std::numeric_limits<int64_t>::max());
+}
+
+absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
+                                                       int64_t max_tokens) const {
   if (!IsValidUtf8(text)) return absl::InvalidArgumentError("text is not valid UTF-8");
+  auto too_many = [&] {
+    return absl::OutOfRangeError(absl::StrCat("the text needs more than ", max_tokens, " tokens"));
+  };
+  if (max_bytes_per_token_ > 0 &&
+      static_cast<int64_t>(text.size()) / max_bytes_per_token_ > max_tokens) {
+    return too_many();
+  }
   std::vector<std::pair<int32_t, std::string_view>> segments;
   impl_->SplitAdded(text, &segments);
   std::vector<int32_t> ids;
@@ -614,10 +649,14 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text) co
   for (const auto& [added, seg] : segments) {
     if (added >= 0) {
       ids.push_back(added);
-      continue;
+    } else {
+      RETURN_IF_ERROR(impl_->PreTokenize(seg, &pieces));
+      for (const std::string& piece : pieces) {
+        RETURN_IF_ERROR(impl_->Bpe(piece, &ids));
+        if (static_cast<int64_t>(ids.size()) > max_tokens) return too_many();
+      }
     }
-    RETURN_IF_ERROR(impl_->PreTokenize(seg, &pieces));
-    for (const std::string& piece : pieces) RETURN_IF_ERROR(impl_->Bpe(piece, &ids));
+    if (static_cast<int64_t>(ids.size()) > max_tokens) return too_many();
   }
   return ids;
 }

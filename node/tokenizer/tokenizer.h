@@ -31,6 +31,14 @@ class Tokenizer {
   // Encodes `text` without adding special tokens; spellings of added tokens in the text become
   // those tokens. InvalidArgument for text that is not valid UTF-8.
   absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text) const;
+  // The same, but stops as soon as the text is known to need more than `max_tokens` tokens
+  // (OutOfRange "more than N tokens"), so that an over-long input costs little more than an
+  // allowed one.
+  absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text, int64_t max_tokens) const;
+  // The most bytes of text one token can stand for, or 0 when that is unbounded (an added token
+  // that strips surrounding whitespace, a pre-tokenizer that removes text). A text of B bytes
+  // needs at least B / max_bytes_per_token() tokens, which bounds inputs before tokenizing.
+  int64_t max_bytes_per_token() const { return max_bytes_per_token_; }
   // The pre-tokenized pieces of `text` as BPE tokens' strings (HF `tokens`), for tests.
   absl::StatusOr<std::vector<std::string>> EncodePieces(std::string_view text) const;
 
@@ -52,6 +60,7 @@ class Tokenizer {
   Tokenizer();
   std::unique_ptr<Impl> impl_;
   std::vector<std::string> id_to_token_;  // byte-level strings (added tokens: their content)
+  int64_t max_bytes_per_token_ = 0;
 };
 
 // Replaces invalid UTF-8 with U+FFFD using Rust's String::from_utf8_lossy rules (one replacement

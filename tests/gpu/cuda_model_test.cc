@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "tests/gpu/backend_pair.h"
 #include "tests/testing/checkpoint_writer.h"
 #include "worker/cpu_worker.h"
@@ -244,6 +245,62 @@ TEST(CudaModel, WorkerSamplingMatchesCpuWorker) {
     }
   }
   EXPECT_EQ(compared, 24 * static_cast<int64_t>(specs.size()));
+}
+
+}  // namespace
+}  // namespace dsv4
+
+namespace dsv4 {
+namespace {
+
+// Issue #18 finding 8 on the GPU: rows whose logits overflow to Inf/NaN are flagged by the
+// on-device sampler (both its paths: the split kernels at vocabulary 1024, the single-block
+// kernel at 40), greedy and sampled, with log-probabilities or not, as the CPU worker flags them.
+TEST(CudaModel, WorkerFlagsNonFiniteLogits) {
+  DSV4_REQUIRE_GPU();
+  for (int vocab : {1024, 40}) {
+    Json cj = testing::TinyConfigJson();
+    cj["vocab_size"] = vocab;
+    const std::string dir = testing::WriteOverflowingModel(absl::StrCat("overflow-", vocab), cj, 6);
+    auto config = ParseModelConfig(cj.dump());
+    ASSERT_TRUE(config.ok()) << config.status();
+    CacheConfig cache;
+    cache.num_slots = 4;
+    cache.max_model_len = 256;
+    cache.num_blocks = 4 * (256 / DefaultBlockSize(*config));
+    WeightsSpec weights{dir, false, 1};
+    for (bool gpu : {false, true}) {
+      for (Precision precision : {Precision::kFP32, Precision::kBF16}) {
+        auto worker = CreateWorker(DeviceChoice{gpu, 0}, precision, *config, weights, cache);
+        ASSERT_TRUE(worker.ok()) << worker.status();
+        StepPlan plan;
+        plan.step_id = 1;
+        const int64_t per_seq = 256 / DefaultBlockSize(*config);
+        for (int i = 0; i < 3; ++i) {
+          auto spec = std::make_shared<SamplingSpec>();
+          if (i >= 1) spec->temperature = 0.8f;
+          if (i == 2) spec->logprobs = 3;
+          ScheduledSeq s;
+          s.request_id = static_cast<uint64_t>(i + 1);
+          s.state_slot = i;
+          for (int64_t b = 0; b < per_seq; ++b) s.block_table.push_back(static_cast<int32_t>(i * per_seq + b));
+          s.tokens = {2, 3, static_cast<int32_t>(4 + i)};
+          s.prompt_len = 3;
+          s.sample = true;
+          s.sampling = spec;
+          plan.seqs.push_back(s);
+        }
+        auto r = (*worker)->Execute(plan);
+        ASSERT_TRUE(r.ok()) << r.status();
+        ASSERT_EQ(r->sampled.size(), 3u);
+        for (const SampledToken& t : r->sampled) {
+          EXPECT_TRUE(t.nonfinite) << (gpu ? "gpu" : "cpu") << " vocab " << vocab << " row "
+                                   << t.request_id;
+        }
+        if (!gpu) break;  // the CPU worker computes in fp32 whatever the precision
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include "gtest/gtest.h"
 #include "node/engine.h"
+#include "node/metrics.h"
 #include "tests/node/fake_worker.h"
 #include "tests/testing/checkpoint_writer.h"
 
@@ -62,6 +63,11 @@ class FakeChainWorker final : public Worker {
       SampledToken t;
       t.request_id = s.request_id;
       t.token = Next(s.tokens.back(), s.output_index);
+      if (s.output_index == nonfinite_at_) {
+        // As a NaN in the logits: the CPU worker reports token -1, the GPU worker a valid id.
+        t.nonfinite = true;
+        t.token = s.output_index % 2 == 0 ? -1 : 0;
+      }
       r.sampled.push_back(std::move(t));
     }
     return r;
@@ -70,6 +76,8 @@ class FakeChainWorker final : public Worker {
   void fail_deferred_launches() { fail_deferred_ = true; }
   void fail_collect_at(int n) { fail_collect_at_ = n; }
   void set_step_delay(std::chrono::microseconds d) { step_delay_ = d; }
+  // Every row sampling output `index` reports non-finite logits.
+  void set_nonfinite_at(int index) { nonfinite_at_ = index; }
   int deferred_launches() const {
     std::lock_guard<std::mutex> lock(mu_);
     return deferred_launches_;
@@ -82,6 +90,7 @@ class FakeChainWorker final : public Worker {
  private:
   bool fail_deferred_ = false;
   int fail_collect_at_ = 0, collects_ = 0;
+  int nonfinite_at_ = -1;
   std::chrono::microseconds step_delay_{0};
   mutable std::mutex mu_;
   int deferred_launches_ = 0;
@@ -118,14 +127,16 @@ class EngineOverlapTest : public ::testing::Test {
     if (engine_) engine_->Stop();
   }
 
-  void StartEngine(OverlapMode overlap, std::unique_ptr<FakeChainWorker> worker = nullptr) {
+  void StartEngine(OverlapMode overlap, std::unique_ptr<FakeChainWorker> worker = nullptr,
+                   NodeMetrics* metrics = nullptr) {
+    if (engine_) engine_->Stop();
     if (worker == nullptr) worker = std::make_unique<FakeChainWorker>();
     worker_ = worker.get();
     EngineConfig config;
     config.scheduler.max_num_seqs = 8;
     config.scheduler.max_batched_tokens = 256;
     config.overlap = overlap;
-    engine_ = std::make_unique<Engine>(config, std::move(worker), tokenizer_.get(), nullptr);
+    engine_ = std::make_unique<Engine>(config, std::move(worker), tokenizer_.get(), metrics);
     engine_->Start();
   }
 
@@ -191,6 +202,34 @@ std::vector<Spec> Mixed() {
   specs[2].stop_token = Expected(specs[2])[5];
   specs[5].stop_token = Expected(specs[5])[17];
   return specs;
+}
+
+// Issue #18 finding 8: NaN or Inf logits fail the request with a clear error and count as a
+// worker error; the other requests of the batch go on.
+TEST_F(EngineOverlapTest, NonFiniteLogitsFailOnlyThatRequest) {
+  for (OverlapMode mode : {OverlapMode::kOn, OverlapMode::kOff}) {
+    for (int at : {4, 5}) {
+      auto registry = std::make_shared<prometheus::Registry>();
+      NodeMetrics metrics(registry);
+      auto worker = std::make_unique<FakeChainWorker>();
+      worker->set_nonfinite_at(at);
+      StartEngine(mode, std::move(worker), &metrics);
+      Spec shorter{{30, 31, 32}, 3};
+      Spec longer{{40, 41}, 20};
+      auto futures = Submit({shorter, longer});
+      const Outcome a = Wait(futures[0]);
+      const Outcome b = Wait(futures[1]);
+      ASSERT_TRUE(a.last.has_finished());
+      EXPECT_EQ(a.tokens, Expected(shorter));
+      ASSERT_TRUE(b.last.has_error()) << b.last.DebugString();
+      EXPECT_EQ(b.last.error().code(), static_cast<int>(absl::StatusCode::kInternal));
+      EXPECT_NE(b.last.error().message().find("non-finite logits"), std::string::npos);
+      EXPECT_EQ(b.tokens.size(), static_cast<size_t>(at));  // nothing of the broken row streamed
+      EXPECT_EQ(metrics.worker_errors->Value(), 1);
+      engine_->Stop();
+      engine_.reset();
+    }
+  }
 }
 
 TEST_F(EngineOverlapTest, OverlappedStepsFeedTheSampledTokens) {

@@ -566,6 +566,8 @@ TEST(ServerLifecycle, QueueFullAndDrain) {
   o.max_num_seqs = 1;
   o.max_waiting = 2;
   o.max_model_len = 4096;
+  // One client fills the node here (the default per-client cap would refuse it first).
+  o.admission.max_requests_per_client = 16;
   auto node = ServingNode::Start(o);
   ASSERT_TRUE(node.ok()) << node.status();
   const int port = (*node)->grpc_port();
@@ -604,7 +606,15 @@ TEST(ServerLifecycle, QueueFullAndDrain) {
   }
   const CallResult refused = Client(port).Generate(Ids({5}, 2));
   EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.status.error_message();
-  ASSERT_TRUE((*node)->engine().Abort("slow"));
+  {
+    // Abort reaches the caller's own requests: the connection that started "slow".
+    grpc::ClientContext ctx;
+    v1::AbortRequest a;
+    a.set_request_id("slow");
+    v1::AbortResponse resp;
+    ASSERT_TRUE(clients[0]->stub().Abort(&ctx, a, &resp).ok());
+    ASSERT_TRUE(resp.found());
+  }
   // Drain with room to finish: everything in flight completes normally; new calls are refused.
   std::thread drainer([&] { EXPECT_TRUE((*node)->Drain(std::chrono::seconds(120))); });
   ASSERT_TRUE(WaitFor([&] { return (*node)->engine().draining(); }));

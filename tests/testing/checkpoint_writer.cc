@@ -252,4 +252,22 @@ std::string WriteSyntheticModel(const std::string& name, const Json& config_json
   return dir;
 }
 
+std::string WriteOverflowingModel(const std::string& name, const Json& config_json, uint64_t seed) {
+  auto config = ParseModelConfig(config_json.dump());
+  if (!config.ok()) return "";
+  std::vector<NamedTensor> tensors = SyntheticCheckpoint(*config, seed, Naming::kFixture);
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  for (NamedTensor& t : tensors) {
+    if (t.name != "head.weight" && t.name != "model.head.weight") continue;
+    for (size_t i = 0; i + 4 <= t.bytes.size(); i += 4) {
+      const float v = (rng() & 1) ? 3e38f : -3e38f;
+      std::memcpy(t.bytes.data() + i, &v, 4);
+    }
+  }
+  const std::string dir = TempDir(name);
+  WriteFile(dir + "/config.json", config_json.dump());
+  WriteFile(dir + "/model.safetensors", SafetensorsBytes(tensors));
+  return dir;
+}
+
 }  // namespace dsv4::testing

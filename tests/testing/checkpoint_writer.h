@@ -50,6 +50,10 @@ std::string TempDir(const std::string& name);
 std::string WriteSyntheticModel(const std::string& name, const Json& config_json, uint64_t seed,
                                 Naming naming = Naming::kFixture);
 
+// A model whose head.weight is finite but so large (±3e38, a random sign per element) that every
+// step's logits overflow to Inf or NaN: what a broken-but-loadable checkpoint does at run time.
+std::string WriteOverflowingModel(const std::string& name, const Json& config_json, uint64_t seed);
+
 // Absolute path of tests/data/<rel>.
 std::string TestData(const std::string& rel);
 

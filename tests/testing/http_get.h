@@ -12,3 +12,21 @@ std::string HttpGet(int port, const std::string& path, int* status = nullptr);
 int RunCommand(const std::string& cmd, std::string* output);
 
 }  // namespace dsv4::testing
+
+namespace dsv4::testing {
+
+// A raw exchange with an HTTP server on loopback: `request` is sent as is on a fresh connection
+// and the reply read until the server closes it or `timeout_ms` passes.
+struct RawReply {
+  bool connected = false;
+  int status = 0;        // 0 when no status line came back
+  std::string head;      // status line and headers
+  std::string body;
+  bool timed_out = false;
+};
+RawReply HttpRaw(int port, const std::string& request, int timeout_ms = 5000);
+
+// A connected TCP socket to 127.0.0.1:port (the caller closes it), or -1.
+int ConnectLoopback(int port);
+
+}  // namespace dsv4::testing

@@ -528,6 +528,7 @@ absl::StatusOr<StepResult> CudaWorker::Collect() {
     SampledToken t;
     t.request_id = row.request_id;
     t.token = o.token;
+    t.nonfinite = o.nonfinite != 0;
     if (row.logprobs > 0) {
       t.logprob = o.logprob;
       for (int k = 0; k < row.logprobs; ++k) t.top.emplace_back(o.top_ids[k], o.top_logprobs[k]);

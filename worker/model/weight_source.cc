@@ -1,5 +1,6 @@
 #include "worker/model/weight_source.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -72,7 +73,7 @@ const TensorInfo* WeightSource::Lookup(const std::string& canonical) {
   return it->second;
 }
 
-absl::StatusOr<HostTensor> WeightSource::F32(const std::string& canonical, Shape shape) {
+absl::StatusOr<HostTensor> WeightSource::Convert(const std::string& canonical, Shape shape) {
   const TensorInfo* info = Lookup(canonical);
   if (info == nullptr) {
     return absl::NotFoundError(absl::StrCat("checkpoint tensor ", canonical, " is missing"));
@@ -159,6 +160,25 @@ absl::StatusOr<HostTensor> WeightSource::F32(const std::string& canonical, Shape
                                                      AV(DTypeName(info->dtype)),
                                                      "; expected a floating-point weight"));
   }
+}
+
+absl::StatusOr<HostTensor> WeightSource::F32(const std::string& canonical, Shape shape) {
+  ASSIGN_OR_RETURN(HostTensor out, Convert(canonical, shape));
+  // A NaN or Inf weight poisons every logit it reaches; refuse the checkpoint at load. The scan
+  // reads values the conversion just wrote (docs/cpu-engine.md has its cost).
+  int64_t bad = 0, first = -1;
+  for (size_t i = 0; i < out.f32.size(); ++i) {
+    if (!std::isfinite(out.f32[i])) {
+      if (first < 0) first = static_cast<int64_t>(i);
+      ++bad;
+    }
+  }
+  if (bad > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint tensor ", canonical, " holds ", bad, " non-finite values (NaN or Inf; the first ",
+        "at flat index ", first, " is ", out.f32[first], "): the checkpoint is corrupt"));
+  }
+  return out;
 }
 
 absl::StatusOr<HostTensor> WeightSource::I32(const std::string& canonical, Shape shape) {

@@ -27,7 +27,8 @@ class WeightSource {
                                              std::vector<int64_t> fp8_block = {128, 128});
 
   bool Has(const std::string& canonical) const { return index_.count(canonical) > 0; }
-  // Loads `canonical` as fp32 with exactly `shape`; errors name the tensor.
+  // Loads `canonical` as fp32 with exactly `shape`; errors name the tensor. Non-finite values
+  // (NaN, Inf) are an error: the checkpoint is corrupt.
   absl::StatusOr<HostTensor> F32(const std::string& canonical, Shape shape);
   // Loads an integer tensor (I64 or I32) as int32 with exactly `shape`.
   absl::StatusOr<HostTensor> I32(const std::string& canonical, Shape shape);
@@ -37,6 +38,7 @@ class WeightSource {
 
  private:
   const TensorInfo* Lookup(const std::string& canonical);
+  absl::StatusOr<HostTensor> Convert(const std::string& canonical, Shape shape);
 
   const Checkpoint* ckpt_ = nullptr;
   std::vector<int64_t> fp8_block_;

@@ -1,0 +1,408 @@
+#include "node/http/http_server.h"
+
+#include <atomic>
+#include <list>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+
+namespace dsv4::http {
+
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+namespace net = boost::asio;
+namespace ssl = boost::asio::ssl;
+using tcp = boost::asio::ip::tcp;
+
+const std::string* Request::Header(std::string_view name) const {
+  for (const auto& [k, v] : headers) {
+    if (k == name) return &v;
+  }
+  return nullptr;
+}
+
+void Router::Add(std::string method, std::string path, Handler handler) {
+  routes_.push_back({std::move(method), std::move(path), std::move(handler)});
+}
+
+const Handler* Router::Find(std::string_view method, std::string_view path,
+                            std::string* allow) const {
+  allow->clear();
+  const Handler* get = nullptr;
+  for (const Route& r : routes_) {
+    if (r.path != path) continue;
+    if (r.method == method) return &r.handler;
+    if (r.method == "GET") get = &r.handler;
+    absl::StrAppend(allow, allow->empty() ? "" : ", ", r.method, r.method == "GET" ? ", HEAD" : "");
+  }
+  return method == "HEAD" ? get : nullptr;
+}
+
+class SessionBase {
+ public:
+  virtual ~SessionBase() = default;
+  virtual void Write(Response response) = 0;
+  virtual void Close() = 0;
+};
+
+struct Server::Core {
+  ServerOptions options;
+  Router router;
+  net::io_context ioc;
+  std::optional<ssl::context> tls;
+  std::optional<tcp::acceptor> acceptor;
+  std::vector<std::thread> threads;
+  std::atomic<bool> stopping{false};
+  std::atomic<int64_t> open{0};
+  std::atomic<uint64_t> accepted{0}, refused{0}, requests{0};
+  std::mutex mu;
+  std::list<std::weak_ptr<SessionBase>> sessions;  // to close them at Stop
+
+  explicit Core(int threads) : ioc(threads) {}
+};
+
+namespace {
+
+using Core = Server::Core;
+
+Response ErrorResponse(int status, std::string_view message) {
+  Response r;
+  r.status = status;
+  r.body = std::string(message) + "\n";
+  return r;
+}
+
+// Answers a request once; holds its session (and the core under it) until then.
+class SessionResponder final : public Responder {
+ public:
+  SessionResponder(std::shared_ptr<Core> core, std::shared_ptr<SessionBase> session)
+      : core_(std::move(core)), session_(std::move(session)) {}
+  ~SessionResponder() override {
+    if (session_) Respond(ErrorResponse(500, "internal error: the handler gave no response"));
+  }
+  void Respond(Response response) override {
+    std::shared_ptr<SessionBase> s = std::move(session_);
+    if (!s || core_->stopping.load()) return;
+    net::post(core_->ioc, [s, r = std::move(response)]() mutable { s->Write(std::move(r)); });
+  }
+
+ private:
+  std::shared_ptr<Core> core_;  // declared first: destroyed after the session it carries
+  std::shared_ptr<SessionBase> session_;
+};
+
+// One connection: read a request, dispatch it, write its response, repeat while keep-alive. The
+// stream is `beast::tcp_stream` or `beast::ssl_stream<beast::tcp_stream>`.
+template <class Stream>
+class Session final : public SessionBase, public std::enable_shared_from_this<Session<Stream>> {
+ public:
+  Session(std::shared_ptr<Core> core, Stream stream, std::string peer)
+      : core_(std::move(core)), stream_(std::move(stream)), peer_(std::move(peer)) {}
+  ~Session() override { core_->open.fetch_sub(1); }
+
+  void Start() {
+    if constexpr (kTls) {
+      Lowest().expires_after(core_->options.request_timeout);
+      stream_.async_handshake(ssl::stream_base::server,
+                              [self = this->shared_from_this()](beast::error_code ec) {
+                                if (!ec) self->Read();
+                              });
+    } else {
+      Read();
+    }
+  }
+
+  void Close() override {
+    net::post(Lowest().get_executor(), [self = this->shared_from_this()] {
+      beast::error_code ignored;
+      self->Lowest().socket().close(ignored);
+    });
+  }
+
+  void Write(Response r) override {
+    // On the session's strand (Responder posts to the io_context; hop onto the strand).
+    net::dispatch(Lowest().get_executor(),
+                  [self = this->shared_from_this(), r = std::move(r)]() mutable {
+                    self->DoWrite(std::move(r));
+                  });
+  }
+
+ private:
+  static constexpr bool kTls = !std::is_same_v<Stream, beast::tcp_stream>;
+
+  beast::tcp_stream& Lowest() { return beast::get_lowest_layer(stream_); }
+
+  void Read() {
+    if (core_->stopping.load()) return;
+    parser_.emplace();
+    parser_->header_limit(core_->options.max_header_bytes);
+    parser_->body_limit(core_->options.max_body_bytes);
+    Lowest().expires_after(requests_ == 0 ? core_->options.request_timeout
+                                          : core_->options.idle_timeout);
+    bhttp::async_read(stream_, buffer_, *parser_,
+                      [self = this->shared_from_this()](beast::error_code ec, size_t) {
+                        self->OnRead(ec);
+                      });
+  }
+
+  void OnRead(beast::error_code ec) {
+    if (ec == bhttp::error::end_of_stream || ec == net::error::eof) return Shutdown();
+    if (ec == bhttp::error::body_limit) {
+      return Fail(413, absl::StrCat("request body over the limit of ",
+                                    core_->options.max_body_bytes, " bytes"));
+    }
+    if (ec == bhttp::error::header_limit) {
+      return Fail(431, absl::StrCat("request head over the limit of ",
+                                    core_->options.max_header_bytes, " bytes"));
+    }
+    if (ec && ec.category() == bhttp::make_error_code(bhttp::error::bad_target).category()) {
+      return Fail(400, absl::StrCat("malformed HTTP request: ", ec.message()));
+    }
+    if (ec) return;  // timeout, reset, closed: drop the connection
+    Dispatch(parser_->release());
+  }
+
+  void Dispatch(bhttp::request<bhttp::string_body> req) {
+    ++requests_;
+    keep_alive_ = req.keep_alive();
+    Request r;
+    r.method = std::string(req.method_string());
+    head_ = r.method == "HEAD";
+    const std::string_view target(req.target().data(), req.target().size());
+    const size_t q = target.find('?');
+    r.path = std::string(target.substr(0, q));
+    if (q != std::string_view::npos) r.query = std::string(target.substr(q + 1));
+    for (const auto& field : req) {
+      r.headers.emplace_back(absl::AsciiStrToLower(std::string(field.name_string())),
+                             std::string(field.value()));
+    }
+    r.body = std::move(req.body());
+    r.peer = peer_;
+    std::string allow;
+    const Handler* handler = core_->router.Find(r.method, r.path, &allow);
+    if (handler == nullptr) {
+      if (allow.empty()) return DoWrite(ErrorResponse(404, absl::StrCat("not found")));
+      Response not_allowed = ErrorResponse(405, "method not allowed");
+      not_allowed.headers.emplace_back("Allow", allow);
+      return DoWrite(std::move(not_allowed));
+    }
+    auto responder = std::make_shared<SessionResponder>(core_, this->shared_from_this());
+    try {
+      (*handler)(r, std::move(responder));
+    } catch (const std::exception& e) {
+      LogError("http_handler_failed", {{"server", core_->options.name}, {"error", e.what()}});
+      // The responder was moved into the handler; if it dropped it, it answered 500 already.
+    }
+  }
+
+  // A request that cannot be served: answer and close.
+  void Fail(int status, std::string_view message) {
+    keep_alive_ = false;
+    head_ = false;
+    DoWrite(ErrorResponse(status, message));
+  }
+
+  void DoWrite(Response r) {
+    auto res = std::make_shared<bhttp::response<bhttp::string_body>>();
+    res->version(11);
+    res->result(static_cast<unsigned>(r.status));
+    res->set(bhttp::field::server, "dsv4-node");
+    res->set(bhttp::field::content_type, r.content_type);
+    for (auto& [k, v] : r.headers) res->set(k, v);
+    const bool keep = keep_alive_ && !core_->stopping.load();
+    res->keep_alive(keep);
+    res->content_length(r.body.size());
+    if (!head_) res->body() = std::move(r.body);
+    core_->requests.fetch_add(1);
+    Lowest().expires_after(core_->options.request_timeout);
+    bhttp::async_write(stream_, *res,
+                       [self = this->shared_from_this(), res, keep](beast::error_code ec, size_t) {
+                         if (ec) return;
+                         if (keep) return self->Read();
+                         self->Shutdown();
+                       });
+  }
+
+  void Shutdown() {
+    if constexpr (kTls) {
+      Lowest().expires_after(std::chrono::seconds(2));
+      stream_.async_shutdown([self = this->shared_from_this()](beast::error_code) {
+        beast::error_code ignored;
+        self->Lowest().socket().shutdown(tcp::socket::shutdown_both, ignored);
+      });
+    } else {
+      beast::error_code ignored;
+      Lowest().socket().shutdown(tcp::socket::shutdown_send, ignored);
+    }
+  }
+
+  std::shared_ptr<Core> core_;
+  Stream stream_;
+  std::string peer_;
+  beast::flat_buffer buffer_;
+  std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
+  uint64_t requests_ = 0;
+  bool keep_alive_ = false;
+  bool head_ = false;
+};
+
+void Accept(const std::shared_ptr<Core>& core);
+
+void OnAccept(const std::shared_ptr<Core>& core, beast::error_code ec, tcp::socket socket) {
+  if (core->stopping.load()) return;
+  if (ec) {
+    // EMFILE and friends: keep accepting (the connection is lost, the listener is not).
+    LogWarning("http_accept_failed", {{"server", core->options.name}, {"error", ec.message()}});
+    return Accept(core);
+  }
+  core->accepted.fetch_add(1);
+  if (core->open.load() >= core->options.max_connections) {
+    core->refused.fetch_add(1);
+    beast::error_code ignored;
+    socket.close(ignored);
+    return Accept(core);
+  }
+  beast::error_code peer_ec;
+  const tcp::endpoint ep = socket.remote_endpoint(peer_ec);
+  std::string peer = peer_ec ? "unknown"
+                             : absl::StrCat(ep.address().to_string(), ":", ep.port());
+  core->open.fetch_add(1);
+  std::shared_ptr<SessionBase> session;
+  if (core->tls) {
+    auto s = std::make_shared<Session<beast::ssl_stream<beast::tcp_stream>>>(
+        core, beast::ssl_stream<beast::tcp_stream>(beast::tcp_stream(std::move(socket)), *core->tls),
+        std::move(peer));
+    s->Start();
+    session = s;
+  } else {
+    auto s = std::make_shared<Session<beast::tcp_stream>>(
+        core, beast::tcp_stream(std::move(socket)), std::move(peer));
+    s->Start();
+    session = s;
+  }
+  {
+    std::lock_guard<std::mutex> lock(core->mu);
+    // Forget closed sessions as new ones come, so the list stays as long as the open ones.
+    core->sessions.remove_if([](const std::weak_ptr<SessionBase>& w) { return w.expired(); });
+    core->sessions.push_back(session);
+  }
+  Accept(core);
+}
+
+void Accept(const std::shared_ptr<Core>& core) {
+  // Each connection gets its own strand: its handlers never run concurrently.
+  core->acceptor->async_accept(net::make_strand(core->ioc),
+                               [core](beast::error_code ec, tcp::socket socket) {
+                                 OnAccept(core, ec, std::move(socket));
+                               });
+}
+
+absl::Status ConfigureTls(Core& core, const TlsCredentials& creds) {
+  try {
+    core.tls.emplace(ssl::context::tls_server);
+    ssl::context& ctx = *core.tls;
+    ctx.set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 |
+                    ssl::context::no_sslv3 | ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1 |
+                    ssl::context::single_dh_use);
+    ctx.use_certificate_chain(net::buffer(creds.cert_chain_pem));
+    ctx.use_private_key(net::buffer(creds.private_key_pem), ssl::context::pem);
+    if (creds.mutual()) {
+      ctx.add_certificate_authority(net::buffer(creds.client_ca_pem));
+      ctx.set_verify_mode(ssl::verify_peer | ssl::verify_fail_if_no_peer_cert);
+    }
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(core.options.name, " listener: TLS setup failed: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options, Router router) {
+  const int threads = std::max(1, options.threads);
+  auto core = std::make_shared<Core>(threads);
+  core->options = std::move(options);
+  core->router = std::move(router);
+  const ServerOptions& o = core->options;
+  if (o.tls != nullptr) {
+    if (absl::Status s = ConfigureTls(*core, *o.tls); !s.ok()) return s;
+  }
+  const std::string where = absl::StrCat(o.name, " listener on ", o.host, ":", o.port);
+  beast::error_code ec;
+  const net::ip::address addr =
+      o.host == "localhost" ? net::ip::address(net::ip::address_v4::loopback())
+                            : net::ip::make_address(o.host, ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat(where, ": ", ec.message()));
+  const tcp::endpoint endpoint(addr, static_cast<unsigned short>(o.port));
+  tcp::acceptor& acceptor = core->acceptor.emplace(core->ioc);
+  // SO_REUSEADDR lets a restarted node bind while old connections sit in TIME_WAIT; unlike
+  // SO_REUSEPORT it never lets two live listeners share the port.
+  acceptor.open(endpoint.protocol(), ec);
+  if (!ec) acceptor.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor.bind(endpoint, ec);
+  if (!ec) acceptor.listen(net::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat("cannot listen: ", where, ": ", ec.message()));
+  }
+  std::unique_ptr<Server> server(new Server());
+  server->port_ = acceptor.local_endpoint().port();
+  server->core_ = core;
+  Accept(core);
+  for (int i = 0; i < threads; ++i) {
+    core->threads.emplace_back([c = core.get()] { c->ioc.run(); });
+  }
+  return server;
+}
+
+Server::~Server() { Stop(); }
+
+ServerStats Server::stats() const {
+  ServerStats s;
+  s.open_connections = core_->open.load();
+  s.accepted = core_->accepted.load();
+  s.refused = core_->refused.load();
+  s.requests = core_->requests.load();
+  return s;
+}
+
+void Server::Stop() {
+  if (!core_ || core_->stopping.exchange(true)) return;
+  net::post(core_->ioc, [c = core_.get()] {
+    beast::error_code ignored;
+    c->acceptor->close(ignored);
+  });
+  {
+    std::lock_guard<std::mutex> lock(core_->mu);
+    for (auto& w : core_->sessions) {
+      if (auto s = w.lock()) s->Close();
+    }
+    core_->sessions.clear();
+  }
+  // Closing cancels every pending operation; give their handlers a moment to run and release the
+  // sessions, then stop.
+  for (int i = 0; i < 200 && core_->open.load() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  core_->ioc.stop();
+  for (std::thread& t : core_->threads) t.join();
+  core_->threads.clear();
+  // Handlers still queued hold sessions, which hold the core: run them out so nothing is left.
+  core_->ioc.restart();
+  core_->ioc.poll();
+}
+
+}  // namespace dsv4::http

@@ -1,0 +1,109 @@
+// A small HTTP/1.1 server for the node's own endpoints (/metrics today; the OpenAI-compatible API
+// builds on it), on Boost.Beast over Boost.Asio: asynchronous, so an idle or slow connection costs
+// memory, not a thread; its threads are created here with default stacks (the prometheus-cpp
+// exposer's civetweb workers had ~104 KiB stacks, which OpenBLAS's static TLS overflowed; see
+// docs/serving.md "HTTP listeners"). Optional TLS (the node's --tls-* files, mutual TLS included).
+//
+// Limits: at most `max_connections` open connections (more are accepted and closed at once); a
+// request's head and body must arrive within `request_timeout` (slow senders are cut off); a
+// keep-alive connection waits `idle_timeout` for its next request; a head over `max_header_bytes`
+// gets 431, a body over `max_body_bytes` 413, a malformed request 400, an unknown path 404 and a
+// known path with another method 405 (with Allow). GET routes answer HEAD too.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "node/server/tls.h"
+
+namespace dsv4::http {
+
+struct Request {
+  std::string method;  // "GET", "HEAD", "POST", ...
+  std::string path;    // the target up to '?'
+  std::string query;   // after '?', undecoded
+  std::vector<std::pair<std::string, std::string>> headers;  // names lower-case
+  std::string body;
+  std::string peer;  // "127.0.0.1:40404"
+  // The first header of that (lower-case) name, or null.
+  const std::string* Header(std::string_view name) const;
+};
+
+struct Response {
+  int status = 200;
+  std::string content_type = "text/plain; charset=utf-8";
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;
+};
+
+// Given to a handler with its request: answer exactly once, from any thread. A responder dropped
+// without an answer answers 500.
+class Responder {
+ public:
+  virtual ~Responder() = default;
+  virtual void Respond(Response response) = 0;
+};
+
+using Handler = std::function<void(const Request& request, std::shared_ptr<Responder> responder)>;
+
+class Router {
+ public:
+  void Add(std::string method, std::string path, Handler handler);
+  // The handler for (method, path), HEAD falling back to GET; null when none. `allow` receives
+  // the methods the path has ("" when the path is unknown).
+  const Handler* Find(std::string_view method, std::string_view path, std::string* allow) const;
+
+ private:
+  struct Route {
+    std::string method;
+    std::string path;
+    Handler handler;
+  };
+  std::vector<Route> routes_;
+};
+
+struct ServerOptions {
+  std::string name = "http";  // in logs and errors ("metrics")
+  std::string host = "127.0.0.1";  // a literal address (node/server/listen_address.h)
+  int port = 0;                    // 0 = any free port
+  int threads = 2;
+  int max_connections = 1024;
+  std::chrono::milliseconds request_timeout{10000};
+  std::chrono::milliseconds idle_timeout{30000};
+  uint32_t max_header_bytes = 16 << 10;
+  uint64_t max_body_bytes = 1 << 20;
+  const TlsCredentials* tls = nullptr;  // null: plain HTTP
+};
+
+struct ServerStats {
+  int64_t open_connections = 0;
+  uint64_t accepted = 0;
+  uint64_t refused = 0;   // over max_connections
+  uint64_t requests = 0;  // answered requests (any status)
+};
+
+class Server {
+ public:
+  static absl::StatusOr<std::unique_ptr<Server>> Start(ServerOptions options, Router router);
+  ~Server();
+  int port() const { return port_; }
+  ServerStats stats() const;
+  // Closes the listener and every connection; idempotent.
+  void Stop();
+
+  struct Core;
+
+ private:
+  Server() = default;
+  std::shared_ptr<Core> core_;
+  int port_ = 0;
+};
+
+}  // namespace dsv4::http
