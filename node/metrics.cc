@@ -111,7 +111,9 @@ NodeMetrics::NodeMetrics(std::shared_ptr<prometheus::Registry> registry)
                           .Name("dsv4_requests_rejected_total")
                           .Help("Requests refused before admission, by reason")
                           .Register(reg);
-  for (const char* r : {"invalid_argument", "queue_full", "draining", "not_ready"}) Rejected(r);
+  for (const char* r : {"invalid_argument", "queue_full", "client_limit", "draining", "not_ready"}) {
+    Rejected(r);
+  }
   step_family_ = &BuildHistogram()
                       .Name("dsv4_step_duration_seconds")
                       .Help("Duration of one engine step (schedule, execute, outputs) by the graph "

@@ -14,6 +14,8 @@
 #include "absl/strings/str_split.h"
 #include "dsv4/v1/dsv4.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "common/json_util.h"
+#include "common/status.h"
 #include "node/cli/commands.h"
 #include "node/cli/flag_checks.h"
 
@@ -45,6 +47,9 @@ class Client final : public Command {
                    "first wait up to this many seconds for the node to report SERVING")
         ->check(FiniteRange(0.0, 3600.0));
     app.add_flag("--json", json_, "print every response as a JSON line");
+    app.add_option("--tls-ca", tls_ca_, "PEM CA bundle: connect over TLS, verifying the node");
+    app.add_option("--tls-cert", tls_cert_, "PEM client certificate (mutual TLS; needs --tls-ca)");
+    app.add_option("--tls-key", tls_key_, "PEM key of --tls-cert");
   }
 
   int Run() override {
@@ -53,7 +58,12 @@ class Client final : public Command {
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    auto channel = grpc::CreateCustomChannel(target_, grpc::InsecureChannelCredentials(), args);
+    auto creds = Credentials();
+    if (!creds.ok()) {
+      std::fprintf(stderr, "error: %s\n", std::string(creds.status().message()).c_str());
+      return 2;
+    }
+    auto channel = grpc::CreateCustomChannel(target_, *creds, args);
     if (wait_ready_s_ > 0 && !WaitReady(channel)) {
       std::fprintf(stderr, "error: %s did not become ready within %.0f s\n", target_.c_str(),
                    wait_ready_s_);
@@ -147,6 +157,33 @@ class Client final : public Command {
   }
 
  private:
+  // Plaintext, or TLS with --tls-ca (and a client certificate with --tls-cert/--tls-key).
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials() const {
+    if (tls_ca_.empty()) {
+      if (!tls_cert_.empty() || !tls_key_.empty()) {
+        return absl::InvalidArgumentError("--tls-cert and --tls-key need --tls-ca");
+      }
+      return grpc::InsecureChannelCredentials();
+    }
+    if (tls_cert_.empty() != tls_key_.empty()) {
+      return absl::InvalidArgumentError("--tls-cert and --tls-key: give both or neither");
+    }
+    grpc::SslCredentialsOptions ssl;
+    auto read = [](const char* flag, const std::string& path, std::string* out) -> absl::Status {
+      auto pem = ReadFileToString(path, 1 << 20);
+      if (!pem.ok()) return Annotate(pem.status(), flag);
+      *out = *std::move(pem);
+      return absl::OkStatus();
+    };
+    RETURN_IF_ERROR(read("--tls-ca", tls_ca_, &ssl.pem_root_certs));
+    if (!tls_cert_.empty()) {
+      RETURN_IF_ERROR(read("--tls-cert", tls_cert_, &ssl.pem_cert_chain));
+      RETURN_IF_ERROR(read("--tls-key", tls_key_, &ssl.pem_private_key));
+    }
+    return grpc::SslCredentials(ssl);
+  }
+
+  std::string tls_ca_, tls_cert_, tls_key_;
   static const char* StatusName(grpc::StatusCode c) {
     switch (c) {
       case grpc::INVALID_ARGUMENT: return "INVALID_ARGUMENT";

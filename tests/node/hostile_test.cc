@@ -11,6 +11,7 @@
 #include <functional>
 #include <chrono>
 #include <cmath>
+#include <random>
 #include <regex>
 #include <string>
 #include <thread>
@@ -177,6 +178,16 @@ TEST_F(HostileTest, MetricsPortAnswersEveryRequest) {
   const testing::RawReply post =
       testing::HttpRaw(metrics_port(), "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
   EXPECT_NE(post.head.find("Allow: GET, HEAD"), std::string::npos) << post.head;
+  // Random bytes, and random bytes after a valid request line: answered or closed, never a crash.
+  std::mt19937 rng(18);
+  for (int i = 0; i < 200; ++i) {
+    std::string junk = i % 2 == 0 ? "" : "GET /metrics HTTP/1.1\r\n";
+    const size_t n = 1 + rng() % 2048;
+    for (size_t k = 0; k < n; ++k) junk.push_back(static_cast<char>(rng()));
+    const testing::RawReply r = testing::HttpRaw(metrics_port(), junk, 3000, /*half_close=*/true);
+    EXPECT_TRUE(r.status == 0 || r.status == 400 || r.status == 431) << r.head;
+    EXPECT_FALSE(r.timed_out);
+  }
   ExpectHealthy();
 }
 

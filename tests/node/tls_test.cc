@@ -125,6 +125,15 @@ TEST_F(TlsTest, ServerTlsServesVerifiedClientsOnly) {
       << out;
   EXPECT_NE(out.find("dsv4_node_ready 1"), std::string::npos);
   EXPECT_NE(testing::HttpRaw(mport, "GET /metrics HTTP/1.0\r\n\r\n").status, 200);
+  // The CLI client speaks TLS too.
+  out.clear();
+  EXPECT_EQ(testing::RunCommand(absl::StrCat(DSV4_NODE_BINARY, " client --target localhost:", port,
+                                             " --tls-ca ", pki_.ca,
+                                             " --prompt-ids 5,6 --max-tokens 2 --wait-ready 10"),
+                                &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("finish_reason=LENGTH"), std::string::npos) << out;
 }
 
 TEST_F(TlsTest, MutualTlsNeedsAClientCertificateAndScopesAbort) {
@@ -134,6 +143,14 @@ TEST_F(TlsTest, MutualTlsNeedsAClientCertificateAndScopesAbort) {
   EXPECT_FALSE(ModelInfo(TlsChannel(port, pki_, "", "", "no-cert")).ok());
   auto a1 = TlsChannel(port, pki_, pki_.client_cert, pki_.client_key, "a1");
   ASSERT_TRUE(ModelInfo(a1).ok());
+  std::string out;
+  EXPECT_EQ(testing::RunCommand(absl::StrCat(DSV4_NODE_BINARY, " client --target localhost:", port,
+                                             " --tls-ca ", pki_.ca, " --tls-cert ", pki_.client_cert,
+                                             " --tls-key ", pki_.client_key,
+                                             " --prompt-ids 5,6 --max-tokens 2"),
+                                &out),
+            0)
+      << out;
   // Client A starts a request on one connection; B cannot abort it, A can from another.
   std::atomic<bool> started{false};
   v1::FinishReason reason = v1::FINISH_REASON_UNSPECIFIED;

@@ -73,7 +73,7 @@ int ConnectLoopback(int port) {
   return fd;
 }
 
-RawReply HttpRaw(int port, const std::string& request, int timeout_ms) {
+RawReply HttpRaw(int port, const std::string& request, int timeout_ms, bool half_close) {
   RawReply r;
   const int fd = ConnectLoopback(port);
   if (fd < 0) return r;
@@ -87,6 +87,7 @@ RawReply HttpRaw(int port, const std::string& request, int timeout_ms) {
     if (n <= 0) break;  // the server may answer (413, 431) and close before reading it all
     sent += static_cast<size_t>(n);
   }
+  if (half_close) ::shutdown(fd, SHUT_WR);
   std::string resp;
   char buf[8192];
   const bool head_request = request.rfind("HEAD ", 0) == 0;

@@ -16,7 +16,8 @@ int RunCommand(const std::string& cmd, std::string* output);
 namespace dsv4::testing {
 
 // A raw exchange with an HTTP server on loopback: `request` is sent as is on a fresh connection
-// and the reply read until the server closes it or `timeout_ms` passes.
+// (then the sending side is shut when `half_close`) and the reply read until it is complete, the
+// server closes the connection or `timeout_ms` passes.
 struct RawReply {
   bool connected = false;
   int status = 0;        // 0 when no status line came back
@@ -24,7 +25,8 @@ struct RawReply {
   std::string body;
   bool timed_out = false;
 };
-RawReply HttpRaw(int port, const std::string& request, int timeout_ms = 5000);
+RawReply HttpRaw(int port, const std::string& request, int timeout_ms = 5000,
+                 bool half_close = false);
 
 // A connected TCP socket to 127.0.0.1:port (the caller closes it), or -1.
 int ConnectLoopback(int port);
