@@ -106,7 +106,13 @@ absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& req,
         bytes += static_cast<int64_t>(m.role().size() + m.content().size());
         turns.push_back({m.role(), m.content()});
       }
-      RETURN_IF_ERROR(CheckInputBytes("input.chat.messages", bytes, tokenizer, limits));
+      // Only the byte limit here: the chat format drops past reasoning, so the bytes say little
+      // about the rendered prompt's length; its tokenizing stops at the model length.
+      if (bytes > limits.max_input_bytes) {
+        return absl::OutOfRangeError(absl::StrCat("input.chat.messages: ", bytes,
+                                                  " bytes exceed the limit of ",
+                                                  limits.max_input_bytes));
+      }
       auto text = RenderChat(turns, chat.thinking());
       if (!text.ok()) {
         // RenderChat names "messages[i].role"; the public path is input.chat.messages[i].role.

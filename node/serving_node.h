@@ -33,7 +33,7 @@ struct NodeOptions {
   bool metrics_plaintext = false;
   AdmissionOptions admission;
   int32_t max_concurrent_streams = 256;  // per gRPC connection
-  int32_t metrics_max_connections = 256;
+  int32_t metrics_max_connections = 1024;  // 64 from one client address
   int64_t max_model_len = 0;        // 0 = min(max_position_embeddings, 8192)
   int32_t max_num_seqs = 64;
   int32_t max_batched_tokens = 2048;

@@ -86,7 +86,8 @@ class Serve final : public Command {
                    "gRPC streams per connection (HTTP/2 SETTINGS); further calls wait on the client")
         ->check(CLI::Range(1, 1 << 20));
     app.add_option("--metrics-max-connections", o_.metrics_max_connections,
-                   "open connections to the metrics listener; more are closed at once")
+                   "open connections to the metrics listener (64 from one address); more are "
+                   "closed at once")
         ->check(CLI::Range(1, 1 << 20));
   }
 

@@ -64,7 +64,6 @@ void ShutdownSignals::Watch() {
 }
 
 void ShutdownSignals::OnSignal(int sig) {
-  std::function<void()> force;
   {
     std::lock_guard<std::mutex> lock(mu_);
     switch (state_) {
@@ -83,7 +82,6 @@ void ShutdownSignals::OnSignal(int sig) {
           return;
         }
         state_ = State::kForced;
-        force = force_;
         break;
       case State::kForced:
         if (sig != SIGINT) return;
@@ -92,10 +90,14 @@ void ShutdownSignals::OnSignal(int sig) {
     }
   }
   LogWarning("forced_shutdown", {{"signal", Name(sig)}});
-  if (force) force();
+  // Under force_mu_, which Serving() takes to replace the action: once Serving(nullptr)
+  // returns, no action runs (the node it points to may go away).
+  std::lock_guard<std::mutex> guard(force_mu_);
+  if (force_) force_();
 }
 
 void ShutdownSignals::Serving(std::function<void()> force) {
+  std::lock_guard<std::mutex> guard(force_mu_);
   std::lock_guard<std::mutex> lock(mu_);
   force_ = std::move(force);
   if (state_ == State::kLoading) state_ = State::kServing;

@@ -39,7 +39,8 @@ class ShutdownSignals {
   std::condition_variable cv_;
   State state_ = State::kLoading;
   int drain_signal_ = 0;
-  std::function<void()> force_;
+  std::mutex force_mu_;  // held while the force action runs; taken before mu_
+  std::function<void()> force_;  // guarded by force_mu_ (and mu_ when set)
   std::thread watcher_;
 };
 

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <list>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -53,9 +54,15 @@ const Handler* Router::Find(std::string_view method, std::string_view path,
 
 class SessionBase {
  public:
+  explicit SessionBase(std::string address) : address(std::move(address)) {}
   virtual ~SessionBase() = default;
+  virtual void Start() = 0;
   virtual void Write(Response response) = 0;
   virtual void Close() = 0;
+
+  const std::string address;         // the client's IP address
+  std::atomic<bool> reading{false};  // waiting for (the rest of) a request: may be evicted
+  std::atomic<bool> closing{false};  // chosen for eviction, or closed by Stop
 };
 
 struct Server::Core {
@@ -67,9 +74,13 @@ struct Server::Core {
   std::vector<std::thread> threads;
   std::atomic<bool> stopping{false};
   std::atomic<int64_t> open{0};
-  std::atomic<uint64_t> accepted{0}, refused{0}, requests{0};
+  std::atomic<uint64_t> accepted{0}, refused{0}, evicted{0}, requests{0};
   std::mutex mu;
-  std::list<std::weak_ptr<SessionBase>> sessions;  // to close them at Stop
+  std::list<std::weak_ptr<SessionBase>> sessions;  // oldest first: to evict and to close at Stop
+  // Open connections per client address. Its own mutex, taken after `mu` (a session's destructor
+  // takes only this one, and may run while `mu` is held).
+  std::mutex peer_mu;
+  std::map<std::string, int> per_peer;
 
   explicit Core(int threads) : ioc(threads) {}
 };
@@ -95,7 +106,10 @@ class SessionResponder final : public Responder {
   }
   void Respond(Response response) override {
     std::shared_ptr<SessionBase> s = std::move(session_);
-    if (!s || core_->stopping.load()) return;
+    if (!s) return;
+    // Under the core's mutex: once Stop() has set `stopping`, nothing more is queued.
+    std::lock_guard<std::mutex> lock(core_->mu);
+    if (core_->stopping.load()) return;
     net::post(core_->ioc, [s, r = std::move(response)]() mutable { s->Write(std::move(r)); });
   }
 
@@ -109,11 +123,19 @@ class SessionResponder final : public Responder {
 template <class Stream>
 class Session final : public SessionBase, public std::enable_shared_from_this<Session<Stream>> {
  public:
-  Session(std::shared_ptr<Core> core, Stream stream, std::string peer)
-      : core_(std::move(core)), stream_(std::move(stream)), peer_(std::move(peer)) {}
-  ~Session() override { core_->open.fetch_sub(1); }
+  Session(std::shared_ptr<Core> core, Stream stream, std::string peer, std::string address)
+      : SessionBase(std::move(address)),
+        core_(std::move(core)),
+        stream_(std::move(stream)),
+        peer_(std::move(peer)) {}
+  ~Session() override {
+    core_->open.fetch_sub(1);
+    std::lock_guard<std::mutex> lock(core_->peer_mu);
+    auto it = core_->per_peer.find(address);
+    if (it != core_->per_peer.end() && --it->second <= 0) core_->per_peer.erase(it);
+  }
 
-  void Start() {
+  void Start() override {
     if constexpr (kTls) {
       Lowest().expires_after(core_->options.request_timeout);
       stream_.async_handshake(ssl::stream_base::server,
@@ -126,6 +148,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   }
 
   void Close() override {
+    closing.store(true);
     net::post(Lowest().get_executor(), [self = this->shared_from_this()] {
       beast::error_code ignored;
       self->Lowest().socket().close(ignored);
@@ -152,8 +175,10 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     parser_->body_limit(core_->options.max_body_bytes);
     Lowest().expires_after(requests_ == 0 ? core_->options.request_timeout
                                           : core_->options.idle_timeout);
+    reading.store(true);
     bhttp::async_read(stream_, buffer_, *parser_,
                       [self = this->shared_from_this()](beast::error_code ec, size_t) {
+                        self->reading.store(false);
                         self->OnRead(ec);
                       });
   }
@@ -269,36 +294,60 @@ void OnAccept(const std::shared_ptr<Core>& core, beast::error_code ec, tcp::sock
     return Accept(core);
   }
   core->accepted.fetch_add(1);
-  if (core->open.load() >= core->options.max_connections) {
-    core->refused.fetch_add(1);
-    beast::error_code ignored;
-    socket.close(ignored);
-    return Accept(core);
-  }
   beast::error_code peer_ec;
   const tcp::endpoint ep = socket.remote_endpoint(peer_ec);
-  std::string peer = peer_ec ? "unknown"
-                             : absl::StrCat(ep.address().to_string(), ":", ep.port());
-  core->open.fetch_add(1);
-  std::shared_ptr<SessionBase> session;
-  if (core->tls) {
-    auto s = std::make_shared<Session<beast::ssl_stream<beast::tcp_stream>>>(
-        core, beast::ssl_stream<beast::tcp_stream>(beast::tcp_stream(std::move(socket)), *core->tls),
-        std::move(peer));
-    s->Start();
-    session = s;
-  } else {
-    auto s = std::make_shared<Session<beast::tcp_stream>>(
-        core, beast::tcp_stream(std::move(socket)), std::move(peer));
-    s->Start();
-    session = s;
-  }
+  const std::string address = peer_ec ? "unknown" : ep.address().to_string();
+  const std::string peer = peer_ec ? "unknown" : absl::StrCat(address, ":", ep.port());
+  std::shared_ptr<SessionBase> session, victim;
   {
+    // Under the mutex Stop() takes: a session is either in the list it closes or never made.
     std::lock_guard<std::mutex> lock(core->mu);
-    // Forget closed sessions as new ones come, so the list stays as long as the open ones.
-    core->sessions.remove_if([](const std::weak_ptr<SessionBase>& w) { return w.expired(); });
-    core->sessions.push_back(session);
+    std::unique_lock<std::mutex> peers(core->peer_mu);
+    const int mine = core->per_peer.count(address) > 0 ? core->per_peer[address] : 0;
+    const bool full_mine = mine >= core->options.max_connections_per_client;
+    const bool full = full_mine || core->open.load() >= core->options.max_connections;
+    peers.unlock();
+    if (full && !core->stopping.load()) {
+      // Make room by closing the oldest connection that waits for a request (the same client's
+      // when it is that client's cap): idle keep-alive and slow senders go before new clients.
+      for (const auto& w : core->sessions) {
+        auto s = w.lock();
+        if (s && s->reading.load() && !s->closing.load() && (!full_mine || s->address == address)) {
+          victim = std::move(s);
+          victim->closing.store(true);
+          break;
+        }
+      }
+    }
+    if (core->stopping.load() || (full && victim == nullptr)) {
+      core->refused.fetch_add(1);
+      beast::error_code ignored;
+      socket.close(ignored);
+    } else {
+      peers.lock();
+      ++core->per_peer[address];
+      peers.unlock();
+      core->open.fetch_add(1);
+      if (core->tls) {
+        session = std::make_shared<Session<beast::ssl_stream<beast::tcp_stream>>>(
+            core,
+            beast::ssl_stream<beast::tcp_stream>(beast::tcp_stream(std::move(socket)), *core->tls),
+            peer, address);
+      } else {
+        session = std::make_shared<Session<beast::tcp_stream>>(
+            core, beast::tcp_stream(std::move(socket)), peer, address);
+      }
+      // Forget closed sessions as new ones come, so the list stays as long as the open ones.
+      core->sessions.remove_if([](const std::weak_ptr<SessionBase>& w) { return w.expired(); });
+      core->sessions.push_back(session);
+    }
   }
+  if (victim) {
+    core->evicted.fetch_add(1);
+    victim->Close();
+  }
+  if (session == nullptr) return Accept(core);
+  session->Start();
   Accept(core);
 }
 
@@ -348,7 +397,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options, Rou
                             : net::ip::make_address(o.host, ec);
   if (ec) return absl::InvalidArgumentError(absl::StrCat(where, ": ", ec.message()));
   const tcp::endpoint endpoint(addr, static_cast<unsigned short>(o.port));
-  tcp::acceptor& acceptor = core->acceptor.emplace(core->ioc);
+  // On a strand of its own: accept completions and the close at Stop never run concurrently.
+  tcp::acceptor& acceptor = core->acceptor.emplace(net::make_strand(core->ioc));
   // SO_REUSEADDR lets a restarted node bind while old connections sit in TIME_WAIT; unlike
   // SO_REUSEPORT it never lets two live listeners share the port.
   acceptor.open(endpoint.protocol(), ec);
@@ -375,23 +425,32 @@ ServerStats Server::stats() const {
   s.open_connections = core_->open.load();
   s.accepted = core_->accepted.load();
   s.refused = core_->refused.load();
+  s.evicted = core_->evicted.load();
   s.requests = core_->requests.load();
   return s;
 }
 
 void Server::Stop() {
-  if (!core_ || core_->stopping.exchange(true)) return;
-  net::post(core_->ioc, [c = core_.get()] {
+  if (!core_) return;
+  {
+    std::lock_guard<std::mutex> lock(core_->mu);
+    if (core_->stopping.exchange(true)) return;
+  }
+  net::post(core_->acceptor->get_executor(), [c = core_.get()] {
     beast::error_code ignored;
     c->acceptor->close(ignored);
   });
+  std::vector<std::shared_ptr<SessionBase>> open;
   {
     std::lock_guard<std::mutex> lock(core_->mu);
     for (auto& w : core_->sessions) {
-      if (auto s = w.lock()) s->Close();
+      if (auto s = w.lock()) open.push_back(std::move(s));
     }
     core_->sessions.clear();
   }
+  // Outside the mutex: a session's destructor takes it.
+  for (auto& s : open) s->Close();
+  open.clear();
   // Closing cancels every pending operation; give their handlers a moment to run and release the
   // sessions, then stop.
   for (int i = 0; i < 200 && core_->open.load() > 0; ++i) {

@@ -4,7 +4,10 @@
 // exposer's civetweb workers had ~104 KiB stacks, which OpenBLAS's static TLS overflowed; see
 // docs/serving.md "HTTP listeners"). Optional TLS (the node's --tls-* files, mutual TLS included).
 //
-// Limits: at most `max_connections` open connections (more are accepted and closed at once); a
+// Limits: at most `max_connections` open connections and `max_connections_per_client` from one
+// IP address; at a cap the oldest connection that waits for a request (idle keep-alive, a slow
+// sender; the same client's at its own cap) is closed to make room, and when there is none the
+// new connection is closed at once; a
 // request's head and body must arrive within `request_timeout` (slow senders are cut off); a
 // keep-alive connection waits `idle_timeout` for its next request; a head over `max_header_bytes`
 // gets 431, a body over `max_body_bytes` 413, a malformed request 400, an unknown path 404 and a
@@ -75,6 +78,7 @@ struct ServerOptions {
   int port = 0;                    // 0 = any free port
   int threads = 2;
   int max_connections = 1024;
+  int max_connections_per_client = 64;  // per client IP address: one client cannot take them all
   std::chrono::milliseconds request_timeout{10000};
   std::chrono::milliseconds idle_timeout{30000};
   uint32_t max_header_bytes = 16 << 10;
@@ -85,7 +89,8 @@ struct ServerOptions {
 struct ServerStats {
   int64_t open_connections = 0;
   uint64_t accepted = 0;
-  uint64_t refused = 0;   // over max_connections
+  uint64_t refused = 0;   // closed at accept: at a cap with no connection to evict
+  uint64_t evicted = 0;   // idle connections closed to make room for new ones
   uint64_t requests = 0;  // answered requests (any status)
 };
 

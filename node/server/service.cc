@@ -105,10 +105,24 @@ class Dsv4Service::GenerateCall final : public grpc::ServerWriteReactor<grpc::By
   GenerateCall(Engine* engine, std::function<void()> release)
       : engine_(engine), state_(std::make_shared<StreamState>(this, std::move(release))) {}
   std::shared_ptr<StreamState> state() { return state_; }
-  void set_name(std::string owner, std::string name) {
+  // The call lives until gRPC is done with it (OnDone) and every holder let go: work queued on
+  // the tokenizer thread holds it, because the engine may finish the request (and gRPC end the
+  // call) before that thread returns from Submit.
+  void Hold() { holds_.fetch_add(1); }
+  void Release() {
+    if (holds_.fetch_sub(1) == 1) delete this;
+  }
+  // The engine's name of the request. True when the client cancelled before it was known: the
+  // caller aborts it (OnCancel could not).
+  bool set_name(std::string owner, std::string name) {
     std::lock_guard<std::mutex> lock(mu_);
     owner_ = std::move(owner);
     name_ = std::move(name);
+    return cancelled_;
+  }
+  bool cancelled() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cancelled_;
   }
   // Ends the call before the engine took the request (its quota slot is given back).
   void Refuse(const grpc::Status& status) {
@@ -121,6 +135,7 @@ class Dsv4Service::GenerateCall final : public grpc::ServerWriteReactor<grpc::By
     std::string owner, name;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      cancelled_ = true;
       owner = owner_;
       name = name_;
     }
@@ -130,14 +145,16 @@ class Dsv4Service::GenerateCall final : public grpc::ServerWriteReactor<grpc::By
   }
   void OnDone() override {
     state_->Detach();
-    delete this;
+    Release();
   }
 
  private:
   Engine* engine_;
   std::shared_ptr<StreamState> state_;
+  std::atomic<int> holds_{1};  // gRPC's, until OnDone
   std::mutex mu_;
   std::string owner_, name_;
+  bool cancelled_ = false;
 };
 
 void Dsv4Service::GenerateCall::StreamState::ReleaseQuota() {
@@ -221,6 +238,7 @@ Dsv4Service::Dsv4Service(NodeMetrics* metrics, AdmissionOptions admission)
     : metrics_(metrics),
       admission_(admission),
       quota_(admission.max_requests_per_client),
+      queued_(std::max(1, admission.tokenizer_queue / 4)),
       tokenize_(admission.tokenizer_threads, admission.tokenizer_queue) {}
 
 void Dsv4Service::Shutdown() {
@@ -256,24 +274,47 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* Dsv4Service::Generate(grpc::Callback
   }
   auto* call = new GenerateCall(rt->engine, [this, client = caller.client] { quota_.Release(client); });
   if (InputBytes(*request) <= admission_.inline_input_bytes) {
-    Admit(rt, call, ctx, *request, caller);
+    Admit(rt, call, *request, caller);
     return call;
   }
-  // Large inputs are tokenized off the gRPC threads. The call stays alive until it is finished.
-  const bool queued = tokenize_.Post(
-      [this, rt, call, ctx, request, caller] { Admit(rt, call, ctx, *request, caller); });
+  // Large inputs are tokenized off the gRPC threads, at most a quarter of the queue per client.
+  if (stopping_.load()) {
+    call->Refuse(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the node is shutting down"));
+    return call;
+  }
+  if (!queued_.Acquire(caller.client)) {
+    if (metrics_) metrics_->Rejected("client_limit").Increment();
+    call->Refuse(grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat("this client has ", queued_.limit(), " large inputs waiting for the tokenizer")));
+    return call;
+  }
+  call->Hold();
+  const bool queued = tokenize_.Post([this, rt, call, request, caller] {
+    queued_.Release(caller.client);
+    if (call->cancelled()) {
+      call->Refuse(grpc::Status(grpc::StatusCode::CANCELLED, "client cancelled"));
+    } else {
+      Admit(rt, call, *request, caller);
+    }
+    call->Release();
+  });
   if (!queued) {
+    queued_.Release(caller.client);
     if (metrics_) metrics_->Rejected("queue_full").Increment();
-    call->Refuse(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                              absl::StrCat("the tokenizer queue is full (", tokenize_.capacity(),
-                                           " large inputs waiting)")));
+    call->Refuse(grpc::Status(stopping_.load() ? grpc::StatusCode::UNAVAILABLE
+                                               : grpc::StatusCode::RESOURCE_EXHAUSTED,
+                              stopping_.load() ? std::string("the node is shutting down")
+                                               : absl::StrCat("the tokenizer queue is full (",
+                                                              tokenize_.capacity(),
+                                                              " large inputs waiting)")));
+    call->Release();
   }
   return call;
 }
 
 void Dsv4Service::Admit(const ServingRuntime* rt, GenerateCall* call,
-                        grpc::CallbackServerContext* ctx, const v1::GenerateRequest& request,
-                        const Caller& caller) {
+                        const v1::GenerateRequest& request, const Caller& caller) {
   if (stopping_.load()) {
     call->Refuse(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the node is shutting down"));
     return;
@@ -292,9 +333,11 @@ void Dsv4Service::Admit(const ServingRuntime* rt, GenerateCall* call,
     call->Refuse(ToGrpc(name.status()));
     return;
   }
-  call->set_name(caller.owner, *name);
-  // A call cancelled before set_name() could not abort; catch that case here.
-  if (ctx->IsCancelled()) rt->engine->Abort(*name, "client cancelled", caller.owner);
+  // The call may already be finished (the engine ran the request); the caller's hold keeps it.
+  // Whichever of set_name and OnCancel comes second aborts a cancelled request.
+  if (call->set_name(caller.owner, *name)) {
+    rt->engine->Abort(*name, "client cancelled", caller.owner);
+  }
 }
 
 grpc::ServerUnaryReactor* Dsv4Service::Abort(grpc::CallbackServerContext* ctx,

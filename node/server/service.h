@@ -41,7 +41,7 @@ struct AdmissionOptions {
   // (max_num_seqs + max_waiting) and at least max_num_seqs, so that one client never fills it.
   int32_t max_requests_per_client = 0;
   int tokenizer_threads = 1;              // threads for inputs over inline_input_bytes
-  int32_t tokenizer_queue = 64;           // such inputs waiting for them
+  int32_t tokenizer_queue = 64;           // such inputs waiting for them (a client: a quarter)
   int64_t inline_input_bytes = 16 << 10;  // smaller inputs are tokenized on the gRPC thread
 };
 
@@ -74,12 +74,13 @@ class Dsv4Service final : public Dsv4RawService {
  private:
   class GenerateCall;
   // Validates and submits a parsed request (on a gRPC thread, or on the tokenizer queue).
-  void Admit(const ServingRuntime* rt, GenerateCall* call, grpc::CallbackServerContext* ctx,
-             const v1::GenerateRequest& request, const Caller& caller);
+  void Admit(const ServingRuntime* rt, GenerateCall* call, const v1::GenerateRequest& request,
+             const Caller& caller);
 
   NodeMetrics* metrics_;
   AdmissionOptions admission_;
   ClientQuota quota_;
+  ClientQuota queued_;  // large inputs waiting for the tokenizer, per client
   std::atomic<const ServingRuntime*> runtime_{nullptr};
   std::atomic<uint64_t> seed_counter_{0x5eed};
   std::atomic<bool> stopping_{false};

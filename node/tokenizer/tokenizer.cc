@@ -218,22 +218,53 @@ struct Tokenizer::Impl {
   std::vector<PreTokenizer> pre;
   std::vector<AddedToken> added;  // sorted by content length, longest first
   std::unordered_map<int32_t, size_t> added_by_id;
-  std::array<bool, 256> added_first_byte{};  // bytes that start some added token
+  // A byte trie over the added tokens' contents, so that finding the added tokens that start at a
+  // position costs the length of the longest match, not a comparison with every added token.
+  std::unordered_map<uint64_t, int32_t> trie_edges;  // node * 256 + byte -> child node
+  std::vector<std::vector<size_t>> trie_ends;       // node -> indices into `added` ending there
   std::optional<int32_t> unk;
   bool ignore_merges = false;
+
+  void BuildTrie() {
+    trie_edges.clear();
+    trie_ends.assign(1, {});
+    for (size_t k = 0; k < added.size(); ++k) {
+      int32_t node = 0;
+      for (unsigned char c : added[k].content) {
+        const uint64_t key = static_cast<uint64_t>(node) * 256 + c;
+        auto it = trie_edges.find(key);
+        if (it == trie_edges.end()) {
+          it = trie_edges.emplace(key, static_cast<int32_t>(trie_ends.size())).first;
+          trie_ends.emplace_back();
+        }
+        node = it->second;
+      }
+      trie_ends[node].push_back(k);
+    }
+  }
+
+  // Added tokens whose content starts at text[i], longest first (file order among equals).
+  void MatchesAt(std::string_view text, size_t i, std::vector<size_t>* out) const {
+    out->clear();
+    int32_t node = 0;
+    for (size_t j = i; j < text.size(); ++j) {
+      auto it = trie_edges.find(static_cast<uint64_t>(node) * 256 + static_cast<unsigned char>(text[j]));
+      if (it == trie_edges.end()) break;
+      node = it->second;
+      const auto& ends = trie_ends[node];
+      out->insert(out->begin(), ends.begin(), ends.end());  // longer matches go first
+    }
+  }
 
   // Splits `text` into (added token id or -1, text) segments.
   void SplitAdded(std::string_view text, std::vector<std::pair<int32_t, std::string_view>>* out) const {
     size_t seg = 0, i = 0;
+    std::vector<size_t> matches;
     while (i < text.size()) {
-      // Most positions cannot start an added token: skip them without comparing.
-      if (!added_first_byte[static_cast<unsigned char>(text[i])]) {
-        ++i;
-        continue;
-      }
+      MatchesAt(text, i, &matches);
       bool hit = false;
-      for (const AddedToken& t : added) {
-        if (text.compare(i, t.content.size(), t.content) != 0) continue;
+      for (size_t k : matches) {
+        const AddedToken& t = added[k];
         size_t b = i, e = i + t.content.size();
         if (t.single_word && (IsWordChar(text, b, true) || IsWordChar(text, e, false))) continue;
         if (t.lstrip) {
@@ -503,11 +534,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
     std::stable_sort(im.added.begin(), im.added.end(), [](const AddedToken& a, const AddedToken& b) {
       return a.content.size() > b.content.size();
     });
-    for (size_t i = 0; i < im.added.size(); ++i) {
-      im.added_by_id[im.added[i].id] = i;
-      im.added_first_byte[static_cast<unsigned char>(im.added[i].content[0])] = true;
-    }
+    for (size_t i = 0; i < im.added.size(); ++i) im.added_by_id[im.added[i].id] = i;
   }
+  im.BuildTrie();
 
   tok->id_to_token_.assign(static_cast<size_t>(max_id + 1), "");
   for (const auto& [token, id] : im.vocab) tok->id_to_token_[id] = token;
@@ -613,9 +642,12 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
   for (const AddedToken& t : im.added) unbounded |= t.lstrip || t.rstrip;
   for (const PreTokenizer& p : im.pre) unbounded |= p.behavior == SplitBehavior::kRemoved;
   if (!unbounded) {
+    // A vocabulary token spells its bytes; an added token matches its content as written.
     for (int32_t id = 0; id < static_cast<int32_t>(tok->id_to_token_.size()); ++id) {
-      tok->max_bytes_per_token_ =
-          std::max<int64_t>(tok->max_bytes_per_token_, tok->TokenBytes(id).size());
+      const int64_t n = im.added_by_id.count(id) > 0
+                            ? static_cast<int64_t>(tok->id_to_token_[id].size())
+                            : static_cast<int64_t>(tok->TokenBytes(id).size());
+      tok->max_bytes_per_token_ = std::max(tok->max_bytes_per_token_, n);
     }
   }
   return tok;

@@ -2,7 +2,10 @@
 // held): any HTTP request to the metrics port, idle and slow connections, a port in use, echoed
 // values, other clients' requests, floods of large inputs, malformed protobuf, NaN weights,
 // unusable files, per-client limits, TLS. Each test states the finding it guards.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -26,6 +29,7 @@
 #include "dsv4/v1/dsv4.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "node/http/http_server.h"
 #include "node/serving_node.h"
 #include "tests/testing/checkpoint_writer.h"
 #include "tests/testing/http_get.h"
@@ -215,9 +219,9 @@ TEST_F(HostileTest, ScrapesWhileManyConnectionsIdle) {
   for (int fd : fds) ::close(fd);
 }
 
-// The metrics listener refuses connections over its cap (closes them at once) and serves again
-// when they go.
-TEST(HostileLimits, MetricsConnectionCap) {
+// At its connection cap the metrics listener closes the oldest idle connection to let a new one
+// in (a scraper is never locked out by idle or slow connections).
+TEST(HostileLimits, MetricsConnectionCapEvictsIdle) {
   NodeOptions o = HostileOptions();
   o.metrics_max_connections = 4;
   auto node = ServingNode::Start(o);
@@ -226,12 +230,53 @@ TEST(HostileLimits, MetricsConnectionCap) {
   std::vector<int> fds;
   for (int i = 0; i < 4; ++i) fds.push_back(testing::ConnectLoopback(port));
   ASSERT_TRUE(WaitFor([&] { return (*node)->metrics_stats().open_connections == 4; }));
-  const testing::RawReply refused = testing::HttpRaw(port, "GET /metrics HTTP/1.0\r\n\r\n");
-  EXPECT_EQ(refused.status, 0);  // closed without an answer
-  EXPECT_GE((*node)->metrics_stats().refused, 1u);
+  const testing::RawReply scrape = testing::HttpRaw(port, "GET /metrics HTTP/1.0\r\n\r\n");
+  EXPECT_EQ(scrape.status, 200);
+  EXPECT_GE((*node)->metrics_stats().evicted, 1u);
+  // The evicted connection was the oldest: the server closed it.
+  char c;
+  EXPECT_EQ(::recv(fds[0], &c, 1, 0), 0);
   for (int fd : fds) ::close(fd);
   ASSERT_TRUE(WaitFor([&] { return (*node)->metrics_stats().open_connections == 0; }));
-  EXPECT_EQ(testing::HttpRaw(port, "GET /metrics HTTP/1.0\r\n\r\n").status, 200);
+}
+
+// One client address holds at most its share of connections: at its cap its own oldest idle
+// connection makes room, and another address is not affected.
+TEST(HostileLimits, MetricsConnectionsPerClient) {
+  http::Router router;
+  router.Add("GET", "/x", [](const http::Request&, std::shared_ptr<http::Responder> r) {
+    r->Respond(http::Response{200, "text/plain", "ok", {}});
+  });
+  http::ServerOptions o;
+  o.max_connections_per_client = 2;
+  auto server = http::Server::Start(o, std::move(router));
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  // From 127.0.0.2: two idle connections of another client.
+  auto connect_from = [&](uint32_t ip) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in local{};
+    local.sin_family = AF_INET;
+    local.sin_addr.s_addr = htonl(ip);
+    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof(local)), 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    return fd;
+  };
+  const int other1 = connect_from(0x7f000002), other2 = connect_from(0x7f000002);
+  const int a = testing::ConnectLoopback(port), b = testing::ConnectLoopback(port);
+  ASSERT_TRUE(WaitFor([&] { return (*server)->stats().open_connections == 4; }));
+  // A third from 127.0.0.1 evicts 127.0.0.1's oldest, not 127.0.0.2's.
+  EXPECT_EQ(testing::HttpRaw(port, "GET /x HTTP/1.0\r\n\r\n").status, 200);
+  char c;
+  EXPECT_EQ(::recv(a, &c, 1, 0), 0);  // closed by the server
+  timeval tv{0, 200000};
+  ::setsockopt(other1, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  EXPECT_EQ(::recv(other1, &c, 1, 0), -1);  // still open (timed out waiting)
+  for (int fd : {a, b, other1, other2}) ::close(fd);
 }
 
 // Finding 2: a second node on the same --listen started and shared the connections
@@ -357,6 +402,37 @@ TEST_F(HostileTest, OversizedTextsAreRejectedBeforeTokenizing) {
   const Call fits = Generate(*stub, r);
   EXPECT_TRUE(fits.status.ok()) << fits.status.error_message();
   EXPECT_EQ(fits.tokens.size(), 2u);
+}
+
+// Inputs that take the tokenizer queue and finish at once (one token), some cancelled at once:
+// the call may end before the queue's thread returns from submitting it (a use-after-free found
+// in review). Every call ends with a status, nothing hangs, the node serves after.
+TEST_F(HostileTest, QueuedInputsThatFinishAtOnce) {
+  std::vector<std::thread> threads;
+  std::atomic<int> ended{0};
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      auto stub = Stub(absl::StrCat("burst-", t));
+      for (int i = 0; i < 12; ++i) {
+        GenerateRequest r;
+        for (int k = 0; k < 12; ++k) r.mutable_text()->append("lorem ipsum ");
+        r.set_max_tokens(1);
+        r.set_request_id(absl::StrCat("b", i % 3));
+        const Call c = Generate(*stub, r, (i % 4 == 3) ? 0.002 : 30);
+        const auto code = c.status.error_code();
+        EXPECT_TRUE(code == grpc::StatusCode::OK || code == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                    code == grpc::StatusCode::CANCELLED ||
+                    code == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+                    code == grpc::StatusCode::ALREADY_EXISTS)
+            << code << " " << c.status.error_message();
+        ++ended;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ended.load(), 96);
+  ASSERT_TRUE(WaitFor([&] { return node_->engine().stats().in_flight == 0; }));
+  ExpectHealthy();
 }
 
 // Finding 9 (malformed protobuf): gRPC answered UNIMPLEMENTED with an empty message. Raw bytes
