@@ -37,8 +37,10 @@ struct SampleOut {
   float logprob;
   int32_t top_ids[kMaxLogprobs];
   float top_logprobs[kMaxLogprobs];
-  // 1 when the raw logits row held NaN or Inf: `token` is then only a valid id (the next step's
-  // input), not a sample, and the coordinator fails the request.
+  // 1 when the row's logits were broken: the chosen token's raw logit is NaN or Inf (a row of
+  // NaN, or an overflow to +Inf), or, with log-probabilities, the row's log-sum-exp is (any NaN).
+  // `token` is then only a valid id (the next step's input), not a sample, and the coordinator
+  // fails the request.
   int32_t nonfinite;
 };
 
