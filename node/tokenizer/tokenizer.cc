@@ -212,6 +212,20 @@ bool IsWordChar(std::string_view s, size_t pos, bool before) {
 
 }  // namespace
 
+// Typed fields of tokenizer.json objects with a default: a present field of another type is an
+// error naming it (nlohmann's value() would throw).
+absl::StatusOr<std::string> StringOr(const Json& obj, const char* key, const char* def,
+                                     const std::string& where) {
+  auto v = OptString(obj, key, absl::StrCat("tokenizer.json: ", where));
+  if (!v.ok()) return v.status();
+  return v->value_or(def);
+}
+absl::StatusOr<bool> BoolOr(const Json& obj, const char* key, bool def, const std::string& where) {
+  auto v = OptBool(obj, key, absl::StrCat("tokenizer.json: ", where));
+  if (!v.ok()) return v.status();
+  return v->value_or(def);
+}
+
 struct Tokenizer::Impl {
   std::unordered_map<std::string, int32_t> vocab;
   std::map<std::pair<int32_t, int32_t>, std::pair<int32_t, int32_t>> merges;  // -> (rank, new id)
@@ -475,7 +489,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
 
   // Normalizer: none, or an empty Sequence.
   if (auto n = j.find("normalizer"); n != j.end() && !n->is_null()) {
-    const bool empty_sequence = n->is_object() && n->value("type", "") == "Sequence" &&
+    const bool empty_sequence = n->is_object() && n->contains("type") && (*n)["type"] == "Sequence" &&
                                 n->contains("normalizers") && (*n)["normalizers"].is_array() &&
                                 (*n)["normalizers"].empty();
     if (!empty_sequence) return unsupported("a normalizer");
@@ -484,7 +498,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
   // Model.
   auto model = j.find("model");
   if (model == j.end() || !model->is_object()) return bad("missing model");
-  if (model->value("type", "BPE") != "BPE") return unsupported("a non-BPE model");
+  ASSIGN_OR_RETURN(const std::string model_type, StringOr(*model, "type", "BPE", "model"));
+  if (model_type != "BPE") return unsupported("a non-BPE model");
   if (auto d = model->find("dropout"); d != model->end() && !d->is_null()) {
     return unsupported("BPE dropout");
   }
@@ -497,7 +512,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
   if (auto v = model->find("byte_fallback"); v != model->end() && v->is_boolean() && v->get<bool>()) {
     return unsupported("byte_fallback");
   }
-  im.ignore_merges = model->value("ignore_merges", false);
+  ASSIGN_OR_RETURN(im.ignore_merges, BoolOr(*model, "ignore_merges", false, "model"));
   auto vocab = model->find("vocab");
   if (vocab == model->end() || !vocab->is_object() || vocab->empty()) {
     return bad("model.vocab must be a non-empty object");
@@ -524,9 +539,12 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
       }
       const int64_t id = a["id"].get<int64_t>();
       if (id < 0 || id > (1 << 24)) return bad(absl::StrCat(where, ".id out of range"));
-      AddedToken t{static_cast<int32_t>(id), a["content"].get<std::string>(),
-                   a.value("special", false), a.value("lstrip", false), a.value("rstrip", false),
-                   a.value("single_word", false)};
+      ASSIGN_OR_RETURN(const bool special, BoolOr(a, "special", false, where));
+      ASSIGN_OR_RETURN(const bool lstrip, BoolOr(a, "lstrip", false, where));
+      ASSIGN_OR_RETURN(const bool rstrip, BoolOr(a, "rstrip", false, where));
+      ASSIGN_OR_RETURN(const bool single_word, BoolOr(a, "single_word", false, where));
+      AddedToken t{static_cast<int32_t>(id), a["content"].get<std::string>(), special, lstrip,
+                   rstrip, single_word};
       if (!IsValidUtf8(t.content)) return bad(absl::StrCat(where, ".content is not UTF-8"));
       max_id = std::max(max_id, id);
       im.added.push_back(std::move(t));
@@ -581,7 +599,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
   std::function<absl::Status(const Json&, const std::string&)> add_pre =
       [&](const Json& p, const std::string& where) -> absl::Status {
     if (!p.is_object()) return bad(absl::StrCat(where, " must be an object"));
-    const std::string type = p.value("type", "");
+    ASSIGN_OR_RETURN(const std::string type, StringOr(p, "type", "", where));
     if (type == "Sequence") {
       auto list = p.find("pretokenizers");
       if (list == p.end() || !list->is_array()) return bad(absl::StrCat(where, ".pretokenizers"));
@@ -602,7 +620,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
       } else {
         return bad(absl::StrCat(where, ".pattern needs Regex or String"));
       }
-      const std::string behavior = p.value("behavior", "Isolated");
+      ASSIGN_OR_RETURN(const std::string behavior, StringOr(p, "behavior", "Isolated", where));
       static const std::map<std::string, SplitBehavior> kBehaviors = {
           {"Isolated", SplitBehavior::kIsolated},
           {"Removed", SplitBehavior::kRemoved},
@@ -612,11 +630,12 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
       auto it = kBehaviors.find(behavior);
       if (it == kBehaviors.end()) return unsupported(absl::StrCat(where, ".behavior ", EchoValue(behavior)));
       pt.behavior = it->second;
-      pt.invert = p.value("invert", false);
+      ASSIGN_OR_RETURN(pt.invert, BoolOr(p, "invert", false, where));
     } else if (type == "ByteLevel") {
       pt.kind = PreTokenizer::Kind::kByteLevel;
-      pt.add_prefix_space = p.value("add_prefix_space", false);
-      if (p.value("use_regex", true)) {
+      ASSIGN_OR_RETURN(pt.add_prefix_space, BoolOr(p, "add_prefix_space", false, where));
+      ASSIGN_OR_RETURN(const bool use_regex, BoolOr(p, "use_regex", true, where));
+      if (use_regex) {
         ASSIGN_OR_RETURN(pt.regex, Regex::Compile(kGpt2Pattern, false));
       }
     } else {
@@ -632,7 +651,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
     return unsupported("a pre_tokenizer that does not end with ByteLevel");
   }
   if (auto dec = j.find("decoder"); dec != j.end() && !dec->is_null()) {
-    if (!dec->is_object() || dec->value("type", "") != "ByteLevel") {
+    if (!dec->is_object() || !dec->contains("type") || (*dec)["type"] != "ByteLevel") {
       return unsupported("a decoder other than ByteLevel");
     }
   }

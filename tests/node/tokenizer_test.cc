@@ -137,6 +137,18 @@ TEST(Tokenizer, RejectsBadInput) {
        "Whitespace"},
       {R"({"model": {"type": "BPE", "vocab": {"a": 0}}, "added_tokens": [{"id": 1}]})",
        "added_tokens[0]"},
+      // Fields of the wrong JSON type are errors naming the field, not exceptions (the tokenizer
+      // fuzzer's crash of 2026-12-01: "type": [...] aborted the process).
+      {R"({"model": {"type": ["a b"]}})", "model.type must be a string"},
+      {R"({"model": {"type": "BPE", "vocab": {"a": 0}, "ignore_merges": "yes"}})",
+       "model.ignore_merges must be a boolean"},
+      {R"({"model": {"type": "BPE", "vocab": {"a": 0}},
+          "added_tokens": [{"id": 1, "content": "<x>", "lstrip": 1}]})",
+       "added_tokens[0].lstrip must be a boolean"},
+      {R"({"model": {"type": "BPE", "vocab": {"a": 0}}, "pre_tokenizer": {"type": 7}})",
+       "pre_tokenizer.type must be a string"},
+      {R"({"model": {"type": "BPE", "vocab": {"a": 0}}, "pre_tokenizer": {"type": "ByteLevel",
+          "use_regex": "no"}})", "pre_tokenizer.use_regex must be a boolean"},
   };
   for (const auto& c : cases) {
     auto t = Tokenizer::FromJson(c.json);
