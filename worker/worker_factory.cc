@@ -5,7 +5,7 @@
 #include "common/status.h"
 #include "worker/cpu/cpu_backend.h"
 #include "worker/cpu_worker.h"
-#include "worker/model/safetensors.h"
+#include "worker/checkpoint/safetensors.h"
 
 namespace dsv4 {
 

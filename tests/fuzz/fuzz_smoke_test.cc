@@ -9,7 +9,7 @@
 #include "dsv4/v1/dsv4.pb.h"
 #include "gtest/gtest.h"
 #include "tests/testing/checkpoint_writer.h"
-#include "worker/model/safetensors.h"
+#include "worker/checkpoint/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 

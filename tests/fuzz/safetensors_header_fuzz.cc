@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include "worker/model/safetensors.h"
+#include "worker/checkpoint/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   uint64_t data_start = 0;

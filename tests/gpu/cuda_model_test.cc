@@ -10,7 +10,7 @@
 #include "tests/testing/checkpoint_writer.h"
 #include "worker/cpu_worker.h"
 #include "worker/model/local_sequences.h"
-#include "worker/model/safetensors.h"
+#include "worker/checkpoint/safetensors.h"
 #include "worker/tools/golden_check.h"
 
 namespace dsv4 {

@@ -8,8 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/testing/checkpoint_writer.h"
-#include "worker/model/safetensors.h"
-#include "worker/model/tensor_names.h"
+#include "worker/checkpoint/safetensors.h"
+#include "worker/checkpoint/tensor_names.h"
 
 namespace dsv4 {
 namespace {

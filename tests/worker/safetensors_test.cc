@@ -1,4 +1,4 @@
-#include "worker/model/safetensors.h"
+#include "worker/checkpoint/safetensors.h"
 
 #include <cstring>
 #include <string>

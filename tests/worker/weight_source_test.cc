@@ -1,4 +1,4 @@
-#include "worker/model/weight_source.h"
+#include "worker/checkpoint/weight_source.h"
 
 #include <cstring>
 #include <string>
@@ -6,7 +6,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/testing/checkpoint_writer.h"
-#include "worker/model/tensor_names.h"
+#include "worker/checkpoint/tensor_names.h"
 
 namespace dsv4 {
 namespace {

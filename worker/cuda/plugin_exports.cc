@@ -3,7 +3,7 @@
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_worker.h"
 #include "worker/cuda_plugin.h"
-#include "worker/model/safetensors.h"
+#include "worker/checkpoint/safetensors.h"
 
 #define DSV4_EXPORT __attribute__((visibility("default")))
 

@@ -10,7 +10,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/step_plan.h"
-#include "worker/model/weight_source.h"
+#include "worker/checkpoint/weight_source.h"
 
 namespace dsv4 {
 

@@ -23,7 +23,7 @@
 #include "absl/status/statusor.h"
 #include "common/model_config.h"
 #include "worker/model/backend.h"
-#include "worker/model/safetensors.h"
+#include "worker/checkpoint/safetensors.h"
 
 namespace dsv4 {
 

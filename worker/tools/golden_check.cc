@@ -9,7 +9,7 @@
 #include "common/status.h"
 #include "worker/cpu/cpu_backend.h"
 #include "worker/model/local_sequences.h"
-#include "worker/model/safetensors.h"
+#include "worker/checkpoint/safetensors.h"
 
 namespace dsv4 {
 namespace {

@@ -1,4 +1,4 @@
-#include "worker/model/tensor_names.h"
+#include "worker/checkpoint/tensor_names.h"
 
 #include <array>
 #include <utility>

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/model/safetensors.h"
+#include "worker/checkpoint/safetensors.h"
 #include "worker/model/tensor.h"
 
 namespace dsv4 {

@@ -1,11 +1,11 @@
-#include "worker/model/weight_source.h"
+#include "worker/checkpoint/weight_source.h"
 
 #include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
-#include "worker/model/tensor_names.h"
+#include "worker/checkpoint/tensor_names.h"
 
 namespace dsv4 {
 namespace {
