@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "tests/testing/checkpoint_writer.h"
-#include "worker/model/safetensors.h"
-#include "worker/model/weight_source.h"
+#include "worker/checkpoint/safetensors.h"
+#include "worker/checkpoint/weight_source.h"
 
 using dsv4::testing::NamedTensor;
 

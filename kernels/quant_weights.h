@@ -17,12 +17,19 @@
 #include <cstdint>
 
 #if defined(__CUDACC__)
-#define DSV4_HD __host__ __device__ __forceinline__
+#define DSV4_QHD __host__ __device__ __forceinline__
 #else
-#define DSV4_HD inline
+#define DSV4_QHD inline
 #endif
 
 namespace dsv4 {
+
+// How a weight matrix is stored when it is not plain fp32/bf16.
+enum class QuantFormat : uint8_t {
+  kNone,
+  kFp8Block,  // e4m3 bytes, fp32 scales per block_rows x block_cols block (Fp8Matrix)
+  kMxfp4,     // two e2m1 nibbles per byte (low = even column), UE8M0 per 32 columns (Mxfp4Matrix)
+};
 
 struct Fp8Matrix {
   const uint8_t* w = nullptr;    // [rows, cols] e4m3fn
@@ -31,12 +38,12 @@ struct Fp8Matrix {
   int32_t block_rows = 128, block_cols = 128;
   int64_t part_rows = 0;         // rows of one stacked part; 0 or rows = not stacked
 
-  DSV4_HD int64_t PartRows() const { return part_rows > 0 ? part_rows : rows; }
-  DSV4_HD int64_t ScaleRowsPerPart() const { return (PartRows() + block_rows - 1) / block_rows; }
-  DSV4_HD int64_t ScaleCols() const { return (cols + block_cols - 1) / block_cols; }
-  DSV4_HD int64_t ScaleCount() const { return (rows / PartRows()) * ScaleRowsPerPart() * ScaleCols(); }
+  DSV4_QHD int64_t PartRows() const { return part_rows > 0 ? part_rows : rows; }
+  DSV4_QHD int64_t ScaleRowsPerPart() const { return (PartRows() + block_rows - 1) / block_rows; }
+  DSV4_QHD int64_t ScaleCols() const { return (cols + block_cols - 1) / block_cols; }
+  DSV4_QHD int64_t ScaleCount() const { return (rows / PartRows()) * ScaleRowsPerPart() * ScaleCols(); }
   // Index into `scale` of element (r, c).
-  DSV4_HD int64_t ScaleIndex(int64_t r, int64_t c) const {
+  DSV4_QHD int64_t ScaleIndex(int64_t r, int64_t c) const {
     const int64_t pr = PartRows();
     return ((r / pr) * ScaleRowsPerPart() + (r % pr) / block_rows) * ScaleCols() + c / block_cols;
   }
@@ -49,7 +56,7 @@ struct Mxfp4Matrix {
 };
 
 // e2m1 code -> value: {0, .5, 1, 1.5, 2, 3, 4, 6} and their negatives (bit 3 = sign).
-DSV4_HD float E2M1Value(uint32_t nibble) {
+DSV4_QHD float E2M1Value(uint32_t nibble) {
   const uint32_t m = nibble & 7u;
   const float v = m < 2 ? 0.5f * static_cast<float>(m)
                         : m < 4 ? 1.0f + 0.5f * static_cast<float>(m - 2)
@@ -58,7 +65,7 @@ DSV4_HD float E2M1Value(uint32_t nibble) {
 }
 
 // UE8M0 -> 2^(s - 127) (s = 255 is NaN; s = 0 is 2^-127, a subnormal-range value kept exact).
-DSV4_HD float E8M0Value(uint8_t s) {
+DSV4_QHD float E8M0Value(uint8_t s) {
   if (s == 255) return __builtin_nanf("");
   if (s == 0) return 5.877471754111438e-39f;  // 2^-127
   uint32_t bits = static_cast<uint32_t>(s) << 23;
@@ -68,7 +75,7 @@ DSV4_HD float E8M0Value(uint8_t s) {
 }
 
 // e4m3fn (no infinities; S.1111.111 is NaN) -> value.
-DSV4_HD float E4M3Value(uint8_t b) {
+DSV4_QHD float E4M3Value(uint8_t b) {
   const uint32_t sign = b >> 7, exp = (b >> 3) & 15u, man = b & 7u;
   if (exp == 15u && man == 7u) return __builtin_nanf("");
   float v;
@@ -81,11 +88,11 @@ DSV4_HD float E4M3Value(uint8_t b) {
   return sign ? -v : v;
 }
 
-DSV4_HD float Fp8At(const Fp8Matrix& m, int64_t r, int64_t c) {
+DSV4_QHD float Fp8At(const Fp8Matrix& m, int64_t r, int64_t c) {
   return E4M3Value(m.w[r * m.cols + c]) * m.scale[m.ScaleIndex(r, c)];
 }
 
-DSV4_HD float Mxfp4At(const Mxfp4Matrix& m, int64_t r, int64_t c) {
+DSV4_QHD float Mxfp4At(const Mxfp4Matrix& m, int64_t r, int64_t c) {
   const uint8_t byte = m.w[r * (m.cols / 2) + c / 2];
   const uint32_t nibble = (c & 1) ? (byte >> 4) : (byte & 15u);
   return E2M1Value(nibble) * E8M0Value(m.scale[r * (m.cols / 32) + c / 32]);
@@ -93,4 +100,4 @@ DSV4_HD float Mxfp4At(const Mxfp4Matrix& m, int64_t r, int64_t c) {
 
 }  // namespace dsv4
 
-#undef DSV4_HD
+#undef DSV4_QHD

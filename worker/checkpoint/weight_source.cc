@@ -181,6 +181,95 @@ absl::StatusOr<HostTensor> WeightSource::F32(const std::string& canonical, Shape
   return out;
 }
 
+absl::StatusOr<StoredWeight> WeightSource::Stored(const std::string& canonical, Shape shape) {
+  const TensorInfo* info = Lookup(canonical);
+  if (info == nullptr) {
+    return absl::NotFoundError(absl::StrCat("checkpoint tensor ", canonical, " is missing"));
+  }
+  StoredWeight out;
+  out.name = canonical;
+  out.shape = shape;
+  if (info->dtype == DType::kF32 || info->dtype == DType::kBF16 || info->dtype == DType::kF16) {
+    ASSIGN_OR_RETURN(out.dense, F32(canonical, shape));
+    return out;
+  }
+  const TensorBytes bytes = ckpt_->Bytes(*info);
+  const int64_t rows = shape.rank == 2 ? shape[0] : 0, cols = shape.rank == 2 ? shape[1] : 0;
+  auto where = [&] { return absl::StrCat("checkpoint tensor ", info->name, " (", canonical, ")"); };
+  const std::string scale_name = absl::StrCat(canonical, "_scale_inv");
+  const TensorInfo* sinfo = Lookup(scale_name);
+  if (info->dtype == DType::kF8E4M3) {
+    if (shape.rank != 2 || !SameShape(info->shape, shape)) {
+      return absl::InvalidArgumentError(absl::StrCat(where(), " has shape ", ShapeString(info->shape),
+                                                     "; expected ", shape.ToString()));
+    }
+    if (fp8_block_.size() != 2 || fp8_block_[0] < 1 || fp8_block_[1] < 1) {
+      return absl::InvalidArgumentError("config.json: quantization_config.weight_block_size must be two positive sizes");
+    }
+    const int64_t br = fp8_block_[0], bc = fp8_block_[1];
+    const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
+    if (sinfo == nullptr) {
+      return absl::NotFoundError(absl::StrCat("FP8 ", where(), " has no scale (", scale_name, ")"));
+    }
+    if (!IsScaleDType(sinfo->dtype) || !SameShape(sinfo->shape, Shape{sr, sc})) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "FP8 scale ", sinfo->name, " has shape ", ShapeString(sinfo->shape), " ",
+          AV(DTypeName(sinfo->dtype)), "; expected [", sr, ", ", sc, "] of F32/BF16/F8_E8M0 for ",
+          "blocks of ", br, "x", bc));
+    }
+    out.format = WeightFormat::kFp8Block;
+    out.block_rows = static_cast<int32_t>(br);
+    out.block_cols = static_cast<int32_t>(bc);
+    out.part_rows = rows;
+    out.data.assign(bytes.data, bytes.data + rows * cols);
+    int64_t nan_codes = 0;
+    for (uint8_t b : out.data) nan_codes += (b & 0x7f) == 0x7f;
+    const TensorBytes sbytes = ckpt_->Bytes(*sinfo);
+    out.scale_f32.resize(static_cast<size_t>(sr * sc));
+    int64_t bad_scales = 0;
+    for (int64_t i = 0; i < sr * sc; ++i) {
+      out.scale_f32[i] = ScaleAt(sbytes, i);
+      bad_scales += !std::isfinite(out.scale_f32[i]);
+    }
+    if (nan_codes > 0 || bad_scales > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(where(), " holds ", nan_codes,
+                                                     " NaN e4m3 codes and ", bad_scales,
+                                                     " non-finite scales: the checkpoint is corrupt"));
+    }
+    return out;
+  }
+  if (info->dtype == DType::kI8 || info->dtype == DType::kU8) {
+    if (shape.rank != 2 || cols % 32 != 0 || !SameShape(info->shape, Shape{rows, cols / 2})) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MXFP4 ", where(), " has shape ", ShapeString(info->shape), "; expected [", rows, ", ",
+          cols / 2, "] bytes for ", shape.ToString(), " values (columns a multiple of 32)"));
+    }
+    if (sinfo == nullptr || !SameShape(sinfo->shape, Shape{rows, cols / 32}) ||
+        (sinfo->dtype != DType::kF8E8M0 && sinfo->dtype != DType::kU8)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MXFP4 ", where(), " needs a scale ", scale_name, " of shape [", rows, ", ", cols / 32,
+          "] F8_E8M0", sinfo == nullptr ? " (missing)" : absl::StrCat(", got ",
+                                                                       ShapeString(sinfo->shape), " ",
+                                                                       AV(DTypeName(sinfo->dtype)))));
+    }
+    out.format = WeightFormat::kMxfp4;
+    out.block_rows = 1;
+    out.block_cols = 32;
+    out.data.assign(bytes.data, bytes.data + rows * cols / 2);
+    const TensorBytes sbytes = ckpt_->Bytes(*sinfo);
+    out.scale_e8m0.assign(sbytes.data, sbytes.data + rows * cols / 32);
+    int64_t nan_scales = 0;
+    for (uint8_t b : out.scale_e8m0) nan_scales += b == 255;
+    if (nan_scales > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(where(), " has ", nan_scales,
+                                                     " NaN scales (255): the checkpoint is corrupt"));
+    }
+    return out;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(where(), " has dtype ", AV(DTypeName(info->dtype)),
+                                                 "; expected a floating-point weight"));
+}
+
 absl::StatusOr<HostTensor> WeightSource::I32(const std::string& canonical, Shape shape) {
   const TensorInfo* info = Lookup(canonical);
   if (info == nullptr) {

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/checkpoint/safetensors.h"
+#include "worker/checkpoint/stored_weight.h"
 #include "worker/model/tensor.h"
 
 namespace dsv4 {
@@ -30,6 +31,11 @@ class WeightSource {
   // Loads `canonical` as fp32 with exactly `shape`; errors name the tensor. Non-finite values
   // (NaN, Inf) are an error: the checkpoint is corrupt.
   absl::StatusOr<HostTensor> F32(const std::string& canonical, Shape shape);
+  // `canonical` as stored, logical shape exactly `shape`: F32/BF16/F16 as fp32 values, FP8 e4m3
+  // with its block scales (as fp32), MXFP4 (I8/U8 nibbles) with its UE8M0 scales. Errors name the
+  // tensor: a missing or misshapen scale, a dtype that is no weight, a block size the shape does
+  // not fit, non-finite values (NaN codes, a NaN or infinite scale).
+  absl::StatusOr<StoredWeight> Stored(const std::string& canonical, Shape shape);
   // Loads an integer tensor (I64 or I32) as int32 with exactly `shape`.
   absl::StatusOr<HostTensor> I32(const std::string& canonical, Shape shape);
   // Checkpoint tensors never loaded (excluding ignored MTP tensors), by original name.

@@ -9,11 +9,14 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "worker/checkpoint/stored_weight.h"
 #include "common/env.h"
 #include "common/status.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/compressor.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/fp8_linear.h"
+#include "kernels/cuda/moe_quant.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/indexer.h"
 #include "kernels/cuda/mhc.h"
@@ -194,6 +197,40 @@ absl::StatusOr<Tensor> CudaBackend::CreateWeight(const HostTensor& src, WeightUs
   } else {
     RETURN_IF_ERROR(Upload(src.data(), t.data, t.nbytes()));
   }
+  return t;
+}
+
+absl::StatusOr<Tensor> CudaBackend::CreateStoredWeight(const StoredWeight& src, WeightUse use) {
+  // Quantised matrices stay as stored: the e4m3 bytes or e2m1 nibbles and their scales; the
+  // products dequantise in registers (kernels/cuda/fp8_linear.h, moe_quant.h).
+  if (src.format == WeightFormat::kDense || use != WeightUse::kMatrix || src.shape.rank < 2) {
+    return Backend::CreateStoredWeight(src, use);
+  }
+  const bool fp8 = src.format == WeightFormat::kFp8Block;
+  Tensor t;
+  t.dtype = fp8 ? DType::kF8E4M3 : DType::kI8;
+  t.shape = src.shape;
+  t.quant.format = fp8 ? QuantFormat::kFp8Block : QuantFormat::kMxfp4;
+  t.quant.block_rows = src.block_rows;
+  t.quant.block_cols = src.block_cols;
+  t.quant.part_rows = src.part_rows;
+  if (src.data.size() != t.nbytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("weight ", src.name, ": ", src.data.size(),
+                                                   " bytes for ", src.shape.ToString(), " ",
+                                                   AV(WeightFormatName(src.format))));
+  }
+  const size_t scale_bytes = fp8 ? src.scale_f32.size() * 4 : src.scale_e8m0.size();
+  ASSIGN_OR_RETURN(DeviceBuffer data, AllocDevice(src.data.size()));
+  ASSIGN_OR_RETURN(DeviceBuffer scale, AllocDevice(std::max<size_t>(scale_bytes, 16)));
+  RETURN_IF_ERROR(Upload(src.data.data(), data.get(), src.data.size()));
+  RETURN_IF_ERROR(Upload(fp8 ? static_cast<const void*>(src.scale_f32.data())
+                             : static_cast<const void*>(src.scale_e8m0.data()),
+                         scale.get(), scale_bytes));
+  t.data = data.get();
+  t.quant.scale = scale.get();
+  persistent_bytes_ += src.data.size() + scale_bytes;
+  persistent_.push_back(std::move(data));
+  persistent_.push_back(std::move(scale));
   return t;
 }
 
@@ -607,6 +644,7 @@ absl::Status CudaBackend::Linear(const Tensor& x, const Tensor& w, Tensor y) {
   RETURN_IF_ERROR(op_checks::Linear(x, w, y));
   if (skip()) return absl::OkStatus();
   ProfileScope prof(profile_.get(), cur_stream(), "Linear", x, w);
+  if (w.quantized()) return QuantLinear(x, w, 1, y);
   // One row with bf16 weights up to 256 Mi elements: the weight-streaming GEMV (it beats
   // cuBLASLt's single-row kernels there and needs no bf16 copy of x; on the 0.5 Gi-element
   // lm_head cuBLASLt streams ~4% faster). Other single-row products with narrow outputs: the
@@ -638,6 +676,7 @@ absl::Status CudaBackend::GroupedLinear(const Tensor& x, const Tensor& w, int64_
   RETURN_IF_ERROR(op_checks::GroupedLinear(x, w, groups, y));
   if (skip()) return absl::OkStatus();
   ProfileScope prof(profile_.get(), cur_stream(), "GroupedLinear", x, w);
+  if (w.quantized()) return QuantLinear(x, w, groups, y);
   if (UseRowGemv(x, w)) {
     return Launch(kBenchGroupedLinear, [&] {
       return cuda::RowGemvBf16(x.ptr<float>(), w.dim(1), w.data, w.dim(0), w.dim(0) / groups,
@@ -658,6 +697,58 @@ absl::Status CudaBackend::GroupedLinear(const Tensor& x, const Tensor& w, int64_
   s.stride_y = s.n;
   return Launch(kBenchGroupedLinear,
                 [&] { return gemm().Run(s, xin, w.data, y.ptr<float>(), cur_stream()); });
+}
+
+Fp8Matrix CudaBackend::Fp8(const Tensor& w) {
+  const int64_t cols = w.dim(w.shape.rank - 1);
+  return Fp8Matrix{static_cast<const uint8_t*>(w.data), static_cast<const float*>(w.quant.scale),
+                         w.numel() / cols, cols, w.quant.block_rows, w.quant.block_cols,
+                         w.quant.part_rows};
+}
+
+Mxfp4Matrix CudaBackend::Mxfp4(const Tensor& w) {
+  const int64_t cols = w.dim(w.shape.rank - 1);
+  return Mxfp4Matrix{static_cast<const uint8_t*>(w.data),
+                           static_cast<const uint8_t*>(w.quant.scale), w.numel() / cols, cols};
+}
+
+// x [M, groups * K] · W[groups * N, K] (grouped as GroupedLinear) with an FP8 weight: the
+// weight-streaming kernel for decode rows, else W dequantised into op scratch (bf16, or fp32 in
+// fp32 mode) and the GEMM of the dense path.
+absl::Status CudaBackend::QuantLinear(const Tensor& x, const Tensor& w, int64_t groups, Tensor y) {
+  if (w.quant.format != QuantFormat::kFp8Block) {
+    return absl::UnimplementedError(absl::StrCat(
+        "cuda backend: a dense projection with ", w.quant.format == QuantFormat::kMxfp4 ? "MXFP4" : "?",
+        " weights ", w.shape.ToString(), " (only the routed experts are MXFP4 in the release)"));
+  }
+  const Fp8Matrix m = Fp8(w);
+  const bool bf16 = options_.matrix_dtype == DType::kBF16;
+  const int64_t group_rows = w.dim(0) / groups;
+  if (cuda::Fp8GemvFits(x.ptr<float>(), x.dim(0), m, group_rows)) {
+    return Launch(LinearBenchOp(w), [&] {
+      return cuda::Fp8Gemv(x.ptr<float>(), x.dim(0), m, group_rows, bf16, y.ptr<float>(),
+                           cur_stream());
+    });
+  }
+  const DType wd = bf16 ? DType::kBF16 : DType::kF32;
+  ASSIGN_OR_RETURN(Tensor dense, OpScratch(wd, w.shape));
+  RETURN_IF_ERROR(cuda::Fp8Dequantize(m, bf16, dense.data, cur_stream()));
+  ASSIGN_OR_RETURN(const void* xin, MatrixOperand(x, dense));
+  cuda::GemmShape s;
+  s.m = x.dim(0);
+  s.n = group_rows;
+  s.k = w.dim(1);
+  s.dtype = wd;
+  if (groups > 1) {
+    s.batch = groups;
+    s.ldx = x.dim(1);
+    s.ldy = y.dim(1);
+    s.stride_x = s.k;
+    s.stride_w = s.n * s.k;
+    s.stride_y = s.n;
+  }
+  return Launch(LinearBenchOp(w),
+                [&] { return gemm().Run(s, xin, dense.data, y.ptr<float>(), cur_stream()); });
 }
 
 absl::Status CudaBackend::RmsNorm(const Tensor& x, const Tensor& weight, const RmsNormParams& p,
@@ -1009,6 +1100,7 @@ absl::Status CudaBackend::Route(const RouterParams& p, const Tensor& logits, con
 absl::Status CudaBackend::MoeExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,
                                      const MoeWeights& w, float swiglu_limit, Tensor out) {
   RETURN_IF_ERROR(op_checks::MoeExperts(u, idx, weights, w, out));
+  if (w.gate_up.quantized()) return QuantMoeExperts(u, idx, weights, w, swiglu_limit, out);
   const Tensor &gate_up = w.gate_up, &down = w.down;
   // One token with bf16 weights: routed and shared experts in two weight-streaming kernels
   // (kernels/cuda/gemv.h), no sort and no combine. (h is op scratch: 256-byte aligned.)
@@ -1043,6 +1135,73 @@ absl::Status CudaBackend::MoeExperts(const Tensor& u, const Tensor& idx, const T
     return Launch(kBenchMoeExperts, [&] { return cuda::MoeDecodeBf16(a, cur_stream()); });
   }
   RETURN_IF_ERROR(RoutedExperts(u, idx, weights, w, swiglu_limit, out));
+  return AddSharedExpert(*this, u, w, swiglu_limit, out);
+}
+
+// Routed experts in FP8 or MXFP4 (the shared expert dense or FP8): one token through the fused
+// weight-streaming kernels when they take it, else the grouped quantised kernels and the shared
+// expert through Linear.
+absl::Status CudaBackend::QuantMoeExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,
+                                          const MoeWeights& w, float swiglu_limit, Tensor out) {
+  const Tensor &gate_up = w.gate_up, &down = w.down;
+  cuda::QuantExperts q;
+  q.format = gate_up.quant.format;
+  if (q.format == QuantFormat::kFp8Block) {
+    q.fp8_gate_up = Fp8(gate_up);
+    q.fp8_down = Fp8(down);
+  } else {
+    q.fp4_gate_up = Mxfp4(gate_up);
+    q.fp4_down = Mxfp4(down);
+  }
+  const bool shared = !w.shared_gate_up.empty();
+  const bool shared_fp8 = shared && w.shared_gate_up.quant.format == QuantFormat::kFp8Block &&
+                          w.shared_down.quant.format == QuantFormat::kFp8Block;
+  cuda::MoeDecodeArgs a;
+  a.dim = u.dim(1);
+  a.inter = down.dim(2);
+  a.experts = gate_up.dim(0);
+  a.top_k = idx.dim(1);
+  a.swiglu_limit = swiglu_limit;
+  a.u = u.ptr<float>();
+  a.idx = idx.ptr<int32_t>();
+  a.weights = weights.ptr<float>();
+  a.shared_gate_up = shared && !shared_fp8 ? w.shared_gate_up.data : nullptr;
+  a.shared_down = shared && !shared_fp8 ? w.shared_down.data : nullptr;
+  a.shared_h = shared && !w.shared_h.empty() ? w.shared_h.ptr<float>() : nullptr;
+  a.out = out.ptr<float>();
+  const Fp8Matrix sgu = shared_fp8 ? Fp8(w.shared_gate_up) : Fp8Matrix{};
+  const Fp8Matrix sdn = shared_fp8 ? Fp8(w.shared_down) : Fp8Matrix{};
+  const bool shared_ok = !shared || shared_fp8 ||
+                         (w.shared_gate_up.dtype == DType::kBF16 && !w.shared_gate_up.quantized());
+  const bool fused = row_gemv_ && u.dim(0) == 1 && options_.matrix_dtype == DType::kBF16 &&
+                     shared_ok && (!shared || w.shared_down.dim(1) == a.inter) &&
+                     cuda::MoeDecodeQuantFits(a, q);
+  if (skip()) return fused ? absl::OkStatus() : AddSharedExpert(*this, u, w, swiglu_limit, out);
+  if (fused) {
+    ProfileScope prof(profile_.get(), cur_stream(), "MoeExperts", u, gate_up);
+    ASSIGN_OR_RETURN(Tensor h, OpScratch(DType::kF32, Shape{cuda::kMoeDecodeMaxSlots * a.inter}));
+    a.h = h.ptr<float>();
+    return Launch(kBenchMoeExperts, [&] {
+      return cuda::MoeDecodeQuant(a, q, shared_fp8 ? &sgu : nullptr, shared_fp8 ? &sdn : nullptr,
+                                  cur_stream());
+    });
+  }
+  {
+    ProfileScope prof(profile_.get(), cur_stream(), "MoeExperts", u, gate_up);
+    cuda::ExpertsDims d;
+    d.tokens = u.dim(0);
+    d.dim = u.dim(1);
+    d.inter = down.dim(2);
+    d.experts = gate_up.dim(0);
+    d.top_k = idx.dim(1);
+    d.swiglu_limit = swiglu_limit;
+    ASSIGN_OR_RETURN(Tensor ws, OpScratch(DType::kU8, Shape{static_cast<int64_t>(
+                                                          cuda::MoeWorkspaceBytes(d))}));
+    RETURN_IF_ERROR(cuda::MoeExpertsQuant(d, u.ptr<float>(), idx.ptr<int32_t>(),
+                                          weights.ptr<float>(), q,
+                                          options_.matrix_dtype == DType::kF32, ws.data,
+                                          out.ptr<float>(), cur_stream(), moe_wide_));
+  }
   return AddSharedExpert(*this, u, w, swiglu_limit, out);
 }
 

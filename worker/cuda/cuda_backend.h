@@ -63,6 +63,7 @@ class CudaBackend final : public Backend {
 
   std::string_view name() const override { return "cuda"; }
   absl::StatusOr<Tensor> CreateWeight(const HostTensor& src, WeightUse use) override;
+  absl::StatusOr<Tensor> CreateStoredWeight(const StoredWeight& src, WeightUse use) override;
   absl::StatusOr<Tensor> CreateSyntheticWeight(const SyntheticSpec& spec, WeightUse use) override;
   absl::StatusOr<Tensor> CreatePool(DType dtype, Shape shape) override;
   absl::StatusOr<Tensor> Scratch(DType dtype, Shape shape) override;
@@ -172,6 +173,12 @@ class CudaBackend final : public Backend {
   // Whether a 1-row product x · wᵀ goes to the single-token GEMV (kernels/cuda/gemv.h).
   bool UseRowGemv(const Tensor& x, const Tensor& w) const;
   // The sorted grouped expert path (no shared expert).
+  // Quantised weights (kernels/quant_weights.h views of their tensors).
+  static Fp8Matrix Fp8(const Tensor& w);
+  static Mxfp4Matrix Mxfp4(const Tensor& w);
+  absl::Status QuantLinear(const Tensor& x, const Tensor& w, int64_t groups, Tensor y);
+  absl::Status QuantMoeExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,
+                               const MoeWeights& w, float swiglu_limit, Tensor out);
   absl::Status RoutedExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,
                              const MoeWeights& w, float swiglu_limit, Tensor out);
   // The stream ops launch on: a side stream between StepMark::kSideBegin and kSideEnd (the

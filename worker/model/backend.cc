@@ -1,9 +1,16 @@
 #include "worker/model/backend.h"
 
 #include "common/status.h"
+#include "worker/checkpoint/stored_weight.h"
 #include "worker/model/op_checks.h"
 
 namespace dsv4 {
+
+absl::StatusOr<Tensor> Backend::CreateStoredWeight(const StoredWeight& src, WeightUse use) {
+  if (src.format == WeightFormat::kDense) return CreateWeight(src.dense, use);
+  ASSIGN_OR_RETURN(HostTensor values, Dequantize(src));
+  return CreateWeight(values, use);
+}
 
 absl::Status AddSharedExpert(Backend& be, const Tensor& u, const MoeWeights& w,
                              float swiglu_limit, Tensor out) {

@@ -26,6 +26,8 @@
 
 namespace dsv4 {
 
+struct StoredWeight;  // worker/checkpoint/stored_weight.h
+
 // Host-side description of one ragged step. Sequences own contiguous runs of tokens.
 struct StepMeta {
   int32_t num_tokens = 0;
@@ -177,6 +179,10 @@ class Backend {
   // ---- memory ----
   // A persistent weight built from host data (the backend picks its storage precision by `use`).
   virtual absl::StatusOr<Tensor> CreateWeight(const HostTensor& src, WeightUse use) = 0;
+  // A persistent weight from the form the checkpoint stores it in (dense values, FP8 block-scaled
+  // or MXFP4). This default dequantises on the host and calls CreateWeight (the CPU reference);
+  // a backend that computes with quantised weights keeps them (the CUDA backend, for matrices).
+  virtual absl::StatusOr<Tensor> CreateStoredWeight(const StoredWeight& src, WeightUse use);
   // A persistent weight filled in place from `spec` (no host copy of the data).
   virtual absl::StatusOr<Tensor> CreateSyntheticWeight(const SyntheticSpec& spec, WeightUse use) = 0;
   // A persistent zero-filled pool (KV entries, state).

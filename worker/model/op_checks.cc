@@ -18,7 +18,11 @@ bool Is(const Tensor& t, DType dtype, int rank) {
 
 // A GEMM operand or embedding table: f32 or bf16.
 bool IsMatrix(const Tensor& t, int rank) {
-  return !t.empty() && (t.dtype == DType::kF32 || t.dtype == DType::kBF16) && t.shape.rank == rank;
+  const bool dense = t.quant.format == QuantFormat::kNone &&
+                     (t.dtype == DType::kF32 || t.dtype == DType::kBF16);
+  const bool fp8 = t.quant.format == QuantFormat::kFp8Block && t.dtype == DType::kF8E4M3;
+  const bool fp4 = t.quant.format == QuantFormat::kMxfp4 && t.dtype == DType::kI8;
+  return !t.empty() && (dense || fp8 || fp4) && t.shape.rank == rank;
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_join.h"
 #include "common/dtype.h"
+#include "kernels/quant_weights.h"
 
 namespace dsv4 {
 
@@ -43,15 +44,29 @@ struct Shape {
   }
 };
 
+// A quantised weight's scales and layout (kernels/quant_weights.h; dtype kF8E4M3 for kFp8Block,
+// kI8 for kMxfp4).
+struct QuantInfo {
+  QuantFormat format = QuantFormat::kNone;
+  void* scale = nullptr;      // kFp8Block: fp32 grid; kMxfp4: UE8M0 [rows, cols / 32]
+  int32_t block_rows = 0, block_cols = 0;
+  int64_t part_rows = 0;      // kFp8Block: rows of one stacked part (its grid restarts)
+};
+
 struct Tensor {
   void* data = nullptr;
   DType dtype = DType::kF32;
-  Shape shape;
+  Shape shape;  // the logical shape (a quantised matrix [..., rows, cols] holds rows x cols values)
+  QuantInfo quant;
 
   bool empty() const { return data == nullptr; }
+  bool quantized() const { return quant.format != QuantFormat::kNone; }
   int64_t numel() const { return shape.numel(); }
   int64_t dim(int i) const { return shape[i]; }
-  size_t nbytes() const { return static_cast<size_t>(numel()) * DTypeSize(dtype); }
+  size_t nbytes() const {
+    return quant.format == QuantFormat::kMxfp4 ? static_cast<size_t>(numel()) / 2
+                                               : static_cast<size_t>(numel()) * DTypeSize(dtype);
+  }
   template <typename T>
   T* ptr() const {
     return static_cast<T*>(data);

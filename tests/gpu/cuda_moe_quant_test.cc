@@ -1,0 +1,1 @@
+// Placeholder (issue #19): the tests land with the kernels.
