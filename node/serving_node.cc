@@ -125,6 +125,8 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
   ASSIGN_OR_RETURN(const OverlapMode overlap, ParseOverlapMode(o.overlap));
   ASSIGN_OR_RETURN(const DeviceChoice device, ResolveDevice(o.device));
   ASSIGN_OR_RETURN(const Precision precision, ParsePrecision(o.precision));
+  WeightsSpec weights;
+  RETURN_IF_ERROR(ParseWeightFormat(o.weight_format, &weights));
   static std::once_flag protobuf_log;
   std::call_once(protobuf_log, [] { google::protobuf::SetLogHandler(&ProtobufLog); });
   std::unique_ptr<ServingNode> n(new ServingNode());
@@ -158,10 +160,13 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
   cache.num_blocks = o.kv_blocks > 0 ? o.kv_blocks : static_cast<int32_t>(per_seq * o.max_num_seqs);
   LogInfo("model_loading", {{"dir", synthetic ? o.synthetic_config : o.model_dir},
                             {"weights", synthetic ? "synthetic" : "checkpoint"},
+                            {"weight_format", o.weight_format},
                             {"device", device.name()},
                             {"precision", device.cuda ? PrecisionName(precision) : "fp32"},
                             {"config", mc.Summary()}});
-  WeightsSpec weights{o.model_dir, synthetic, o.seed};
+  weights.model_dir = o.model_dir;
+  weights.synthetic = synthetic;
+  weights.seed = o.seed;
   ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker,
                    CreateWorker(device, precision, mc, weights, cache));
   const WorkerInfo winfo = worker->info();

@@ -24,6 +24,7 @@ struct NodeOptions {
   uint64_t seed = 1;                // of the synthetic weights
   std::string device = "auto";      // auto|cpu|cuda|cuda:N
   std::string precision = "bf16";   // GPU weights: bf16|fp32
+  std::string weight_format = "auto";  // auto|bf16 (worker_factory.h WeightsSpec)
   std::string tokenizer_path;       // "" = <model_dir>/tokenizer.json
   std::string listen = "0.0.0.0:50051";
   std::string metrics_listen = "0.0.0.0:9464";

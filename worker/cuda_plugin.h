@@ -17,7 +17,7 @@
 
 namespace dsv4 {
 
-constexpr int kCudaPluginAbi = 3;
+constexpr int kCudaPluginAbi = 4;
 
 enum class Precision { kBF16, kFP32 };
 absl::StatusOr<Precision> ParsePrecision(std::string_view s);
@@ -38,6 +38,7 @@ struct CudaWorkerSpec {
   ModelConfig config;
   std::string model_dir;        // checkpoint directory; empty = synthetic weights
   uint64_t synthetic_seed = 0;
+  bool keep_formats = true;     // --weight-format auto (WeightsSpec::keep_formats)
   CacheConfig cache;
   CudaGraphOptions graphs;
 };

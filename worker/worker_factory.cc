@@ -42,17 +42,29 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const DeviceChoice& devic
   return CreateCudaBackend(device.index, precision);
 }
 
+absl::Status ParseWeightFormat(std::string_view value, WeightsSpec* spec) {
+  if (value == "auto" || value == "bf16") {
+    spec->keep_formats = value == "auto";
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--weight-format: \"", AV(value.substr(0, 32)), "\" is not auto or bf16"));
+}
+
 absl::StatusOr<std::unique_ptr<Dsv4Model>> CreateModel(const DeviceChoice& device,
                                                        Precision precision,
                                                        const ModelConfig& config,
                                                        const WeightsSpec& weights,
                                                        const CacheConfig& cache) {
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(device, precision));
+  LoadOptions load;
+  load.keep_formats = weights.keep_formats;
+  load.synthetic_released_formats = weights.keep_formats;
   if (weights.synthetic) {
-    return Dsv4Model::LoadSynthetic(config, weights.seed, std::move(backend), cache);
+    return Dsv4Model::LoadSynthetic(config, weights.seed, std::move(backend), cache, load);
   }
   ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(weights.model_dir));
-  return Dsv4Model::Load(config, *ckpt, std::move(backend), cache);
+  return Dsv4Model::Load(config, *ckpt, std::move(backend), cache, load);
 }
 
 absl::StatusOr<std::unique_ptr<Worker>> CreateWorker(const DeviceChoice& device,
@@ -68,6 +80,7 @@ absl::StatusOr<std::unique_ptr<Worker>> CreateWorker(const DeviceChoice& device,
     spec.config = config;
     spec.model_dir = weights.synthetic ? "" : weights.model_dir;
     spec.synthetic_seed = weights.seed;
+    spec.keep_formats = weights.keep_formats;
     spec.cache = cache;
     spec.graphs = graphs;
     return CreateCudaWorker(spec);

@@ -32,7 +32,14 @@ struct WeightsSpec {
   std::string model_dir;
   bool synthetic = false;
   uint64_t seed = 1;
+  // --weight-format: auto keeps the formats the checkpoint stores (FP8, MXFP4) where the backend
+  // computes with them, and makes synthetic matrices in the released formats; bf16 dequantises at
+  // load and makes dense synthetic weights (the comparison baseline).
+  bool keep_formats = true;
 };
+
+// Parses --weight-format (auto|bf16) into `spec`.
+absl::Status ParseWeightFormat(std::string_view value, WeightsSpec* spec);
 
 absl::StatusOr<std::unique_ptr<Dsv4Model>> CreateModel(const DeviceChoice& device,
                                                        Precision precision,

@@ -1,5 +1,7 @@
 #include "kernels/cuda/elementwise.h"
 
+#include "kernels/quant_synthetic.h"
+
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -137,6 +139,27 @@ __global__ void FillUniformKernel(void* x, bool bf16, int64_t n, uint64_t seed, 
     } else {
       static_cast<float*>(x)[i] = v;
     }
+  }
+}
+
+__global__ void FillFp8SyntheticKernel(uint8_t* w, int64_t n, uint64_t seed, float lo, float hi,
+                                       float scale) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    w[i] = SyntheticFp8Code(seed, static_cast<uint64_t>(i), lo, hi, scale);
+  }
+}
+
+// One thread per group of 32 values: 16 bytes of nibbles and its scale.
+__global__ void FillMxfp4SyntheticKernel(uint8_t* w, uint8_t* scale, int64_t groups, uint64_t seed,
+                                         float lo, float hi) {
+  for (int64_t g = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; g < groups;
+       g += int64_t{gridDim.x} * blockDim.x) {
+    uint8_t bytes[16];
+    scale[g] = SyntheticMxfp4Group(seed, static_cast<uint64_t>(g) * 32, lo, hi, bytes);
+    uint4 packed;
+    __builtin_memcpy(&packed, bytes, 16);
+    reinterpret_cast<uint4*>(w)[g] = packed;
   }
 }
 
@@ -299,6 +322,25 @@ absl::Status FillUniform(void* x, DType dtype, int64_t n, uint64_t seed, float l
   if (n == 0) return absl::OkStatus();
   FillUniformKernel<<<Blocks(n, kThreads * 8), kThreads, 0, stream>>>(x, dtype == DType::kBF16, n,
                                                                       seed, lo, hi);
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status FillFp8Synthetic(uint8_t* w, int64_t n, uint64_t seed, float lo, float hi,
+                              float scale, cudaStream_t stream) {
+  if (n == 0) return absl::OkStatus();
+  FillFp8SyntheticKernel<<<Blocks(n, kThreads * 8), kThreads, 0, stream>>>(w, n, seed, lo, hi,
+                                                                           scale);
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status FillMxfp4Synthetic(uint8_t* w, uint8_t* scale, int64_t n, uint64_t seed, float lo,
+                                float hi, cudaStream_t stream) {
+  const int64_t groups = n / 32;
+  if (groups == 0) return absl::OkStatus();
+  FillMxfp4SyntheticKernel<<<Blocks(groups, kThreads * 4), kThreads, 0, stream>>>(
+      w, scale, groups, seed, lo, hi);
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

@@ -52,6 +52,13 @@ absl::Status RingWrite(const float* kv, int64_t dim, int64_t window, const Ragge
 // Deterministic pseudo-random fill: x[i] = lo + (hi - lo) * U(seed, i), as fp32 or bf16.
 absl::Status FillUniform(void* x, DType dtype, int64_t n, uint64_t seed, float lo, float hi,
                          cudaStream_t stream);
+// Synthetic weights in the released formats (kernels/quant_synthetic.h), the same bytes as the
+// host's: w[i] = SyntheticFp8Code(seed, i, lo, hi, scale) for n e4m3 values; n MXFP4 values in
+// groups of 32 (w: n / 2 bytes, 16-byte aligned; scale: n / 32 UE8M0 bytes).
+absl::Status FillFp8Synthetic(uint8_t* w, int64_t n, uint64_t seed, float lo, float hi,
+                              float scale, cudaStream_t stream);
+absl::Status FillMxfp4Synthetic(uint8_t* w, uint8_t* scale, int64_t n, uint64_t seed, float lo,
+                                float hi, cudaStream_t stream);
 // Holds `stream` until *flag != 0 (host-mapped memory) or ~2 s pass (op profiling).
 absl::Status Gate(const int* flag, cudaStream_t stream);
 // Integer fill for hash tables: x[i] = U(seed, i) * modulus.

@@ -20,6 +20,10 @@ void ModelFlags::Register(CLI::App& app) {
   app.add_option("--synthetic-config", synthetic_config,
                  "run a config.json with deterministic synthetic weights (no checkpoint)");
   app.add_option("--weights-seed", seed, "seed of the synthetic weights");
+  app.add_option("--weight-format", weight_format,
+                 "auto: keep the checkpoint's formats on the GPU (FP8 projections, MXFP4 experts; "
+                 "synthetic weights in those formats); bf16: dequantise at load (the baseline)")
+      ->check(CLI::IsMember({"auto", "bf16"}));
   app.add_option("--threads", threads, "BLAS threads (0 = default)")->check(CLI::Range(0, 1024));
   app.add_option("--block-size", block_size, "tokens per KV block (0 = default)")
       ->check(CLI::Range(0, 1 << 16));
@@ -48,6 +52,7 @@ absl::StatusOr<ModelFlags::Plan> ModelFlags::Prepare(int slots, int64_t max_len)
     ASSIGN_OR_RETURN(p.weights.model_dir, ResolveModelDir());
     config_path = p.weights.model_dir + "/config.json";
   }
+  RETURN_IF_ERROR(ParseWeightFormat(weight_format, &p.weights));
   SetBlasThreads(threads);
   ASSIGN_OR_RETURN(p.device, ResolveDevice(device));
   ASSIGN_OR_RETURN(p.precision, ParsePrecision(precision));
@@ -68,6 +73,7 @@ absl::StatusOr<ModelFlags::Plan> ModelFlags::Prepare(int slots, int64_t max_len)
                             {"weights", p.weights.synthetic ? "synthetic" : "checkpoint"},
                             {"device", resolved_device_},
                             {"precision", p.device.cuda ? PrecisionName(p.precision) : "fp32"},
+                            {"weight_format", weight_format},
                             {"config", p.config.Summary()}});
   return p;
 }

@@ -18,6 +18,7 @@ struct ModelFlags {
   std::string precision = "bf16";
   std::string synthetic_config;  // config.json for synthetic weights (no checkpoint)
   uint64_t seed = 1;
+  std::string weight_format = "auto";  // auto|bf16 (WeightsSpec::keep_formats)
   int threads = 0;        // BLAS threads; 0 = library default
   int block_size = 0;
   bool force_indexer_scoring = false;

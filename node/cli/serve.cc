@@ -109,6 +109,7 @@ class Serve final : public Command {
     o_.seed = flags_.seed;
     o_.device = flags_.device;
     o_.precision = flags_.precision;
+    o_.weight_format = flags_.weight_format;
     o_.threads = flags_.threads;
     o_.block_size = flags_.block_size;
     o_.force_indexer_scoring = flags_.force_indexer_scoring;

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "kernels/quant_ref.h"
+#include "kernels/quant_synthetic.h"
 
 namespace dsv4 {
 
@@ -39,6 +40,36 @@ Fp8Matrix StoredWeight::fp8() const {
 
 Mxfp4Matrix StoredWeight::mxfp4() const {
   return Mxfp4Matrix{data.data(), scale_e8m0.data(), rows(), cols()};
+}
+
+StoredWeight SyntheticStoredWeight(QuantFormat format, Shape shape, uint64_t seed, float lo,
+                                   float hi, int32_t block_rows, int32_t block_cols,
+                                   int64_t part_rows) {
+  StoredWeight w;
+  w.name = "synthetic";
+  w.shape = shape;
+  const int64_t rows = w.rows(), cols = w.cols(), n = shape.numel();
+  if (format == QuantFormat::kFp8Block) {
+    w.format = WeightFormat::kFp8Block;
+    w.block_rows = block_rows;
+    w.block_cols = block_cols;
+    w.part_rows = part_rows > 0 ? part_rows : rows;
+    const float scale = SyntheticFp8Scale(lo, hi);
+    w.data.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) w.data[i] = SyntheticFp8Code(seed, i, lo, hi, scale);
+    w.scale_f32.assign(static_cast<size_t>(w.fp8().ScaleCount()), scale);
+  } else {
+    w.format = WeightFormat::kMxfp4;
+    w.block_rows = 1;
+    w.block_cols = 32;
+    w.data.resize(static_cast<size_t>(n / 2));
+    w.scale_e8m0.resize(static_cast<size_t>(n / 32));
+    for (int64_t g = 0; g < rows * (cols / 32); ++g) {
+      w.scale_e8m0[g] = SyntheticMxfp4Group(seed, static_cast<uint64_t>(g) * 32, lo, hi,
+                                            w.data.data() + g * 16);
+    }
+  }
+  return w;
 }
 
 absl::StatusOr<HostTensor> Dequantize(const StoredWeight& w) {

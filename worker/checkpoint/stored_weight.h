@@ -42,6 +42,12 @@ struct StoredWeight {
   Mxfp4Matrix mxfp4() const;
 };
 
+// A synthetic matrix in a released format (kernels/quant_synthetic.h): FP8 (`format` kFp8Block,
+// one scale for every block) or MXFP4, values from SyntheticUniform(seed, i, lo, hi).
+StoredWeight SyntheticStoredWeight(QuantFormat format, Shape shape, uint64_t seed, float lo,
+                                   float hi, int32_t block_rows, int32_t block_cols,
+                                   int64_t part_rows);
+
 // The fp32 values of `w` (dense: its own; quantised: exact dequantisation).
 absl::StatusOr<HostTensor> Dequantize(const StoredWeight& w);
 

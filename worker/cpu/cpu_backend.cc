@@ -15,6 +15,7 @@
 #include "kernels/moe_ref.h"
 #include "kernels/rms_norm_ref.h"
 #include "kernels/rope_ref.h"
+#include "worker/checkpoint/stored_weight.h"
 #include "worker/model/op_checks.h"
 
 namespace dsv4 {
@@ -83,6 +84,13 @@ absl::StatusOr<Tensor> CpuBackend::CreateSyntheticWeight(const SyntheticSpec& sp
   }
   if (spec.dtype == DType::kI32 && spec.modulus < 1) {
     return absl::InvalidArgumentError("synthetic index table needs modulus >= 1");
+  }
+  if (spec.format != QuantFormat::kNone) {
+    // The released format's bytes, dequantised: the values the CUDA backend computes with.
+    const StoredWeight stored = SyntheticStoredWeight(spec.format, spec.shape, spec.seed, spec.lo,
+                                                      spec.hi, spec.block_rows, spec.block_cols,
+                                                      spec.part_rows);
+    return CreateStoredWeight(stored, WeightUse::kMatrix);
   }
   ASSIGN_OR_RETURN(Tensor t, Allocate(&persistent_, spec.dtype, spec.shape));
   // Counter-based values: any split of the range gives the same tensor, so big ones fill in

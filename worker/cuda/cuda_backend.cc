@@ -17,6 +17,7 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/fp8_linear.h"
 #include "kernels/cuda/moe_quant.h"
+#include "kernels/quant_synthetic.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/indexer.h"
 #include "kernels/cuda/mhc.h"
@@ -246,10 +247,59 @@ absl::StatusOr<Tensor> CudaBackend::CreateSyntheticWeight(const SyntheticSpec& s
   }
   if (spec.dtype != DType::kF32)
     return absl::InvalidArgumentError("synthetic weights are f32 or i32");
+  if (spec.format != QuantFormat::kNone && use == WeightUse::kMatrix && spec.shape.rank >= 2) {
+    return CreateSyntheticQuantized(spec);
+  }
   const DType dtype = use == WeightUse::kMatrix ? options_.matrix_dtype : DType::kF32;
   ASSIGN_OR_RETURN(Tensor t, AllocPersistent(dtype, spec.shape));
   RETURN_IF_ERROR(
       cuda::FillUniform(t.data, dtype, t.numel(), spec.seed, spec.lo, spec.hi, stream_.get()));
+  return t;
+}
+
+// A synthetic matrix in a released format, filled on the device (kernels/quant_synthetic.h: the
+// bytes the CPU reference builds on the host).
+absl::StatusOr<Tensor> CudaBackend::CreateSyntheticQuantized(const SyntheticSpec& spec) {
+  const bool fp8 = spec.format == QuantFormat::kFp8Block;
+  Tensor t;
+  t.dtype = fp8 ? DType::kF8E4M3 : DType::kI8;
+  t.shape = spec.shape;
+  t.quant.format = spec.format;
+  const int64_t cols = spec.shape[spec.shape.rank - 1], rows = spec.shape.numel() / cols;
+  t.quant.block_rows = fp8 ? spec.block_rows : 1;
+  t.quant.block_cols = fp8 ? spec.block_cols : 32;
+  t.quant.part_rows = fp8 ? (spec.part_rows > 0 ? spec.part_rows : rows) : 0;
+  if (!fp8 && cols % 32 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("synthetic MXFP4 ", spec.shape.ToString(),
+                                                   ": columns must be a multiple of 32"));
+  }
+  size_t scale_count = 0;
+  if (fp8) {
+    Fp8Matrix m{nullptr, nullptr, rows, cols, t.quant.block_rows, t.quant.block_cols,
+                t.quant.part_rows};
+    scale_count = static_cast<size_t>(m.ScaleCount());
+  } else {
+    scale_count = static_cast<size_t>(spec.shape.numel() / 32);
+  }
+  const size_t scale_bytes = scale_count * (fp8 ? 4 : 1);
+  ASSIGN_OR_RETURN(DeviceBuffer data, AllocDevice(std::max<size_t>(t.nbytes(), 16)));
+  ASSIGN_OR_RETURN(DeviceBuffer scale, AllocDevice(std::max<size_t>(scale_bytes, 16)));
+  if (fp8) {
+    const float s = SyntheticFp8Scale(spec.lo, spec.hi);
+    RETURN_IF_ERROR(cuda::FillFp8Synthetic(static_cast<uint8_t*>(data.get()), spec.shape.numel(),
+                                           spec.seed, spec.lo, spec.hi, s, stream_.get()));
+    RETURN_IF_ERROR(cuda::FillUniform(scale.get(), DType::kF32, static_cast<int64_t>(scale_count),
+                                      0, s, s, stream_.get()));
+  } else {
+    RETURN_IF_ERROR(cuda::FillMxfp4Synthetic(static_cast<uint8_t*>(data.get()),
+                                             static_cast<uint8_t*>(scale.get()), spec.shape.numel(),
+                                             spec.seed, spec.lo, spec.hi, stream_.get()));
+  }
+  t.data = data.get();
+  t.quant.scale = scale.get();
+  persistent_bytes_ += t.nbytes() + scale_bytes;
+  persistent_.push_back(std::move(data));
+  persistent_.push_back(std::move(scale));
   return t;
 }
 

@@ -173,6 +173,7 @@ class CudaBackend final : public Backend {
   // Whether a 1-row product x · wᵀ goes to the single-token GEMV (kernels/cuda/gemv.h).
   bool UseRowGemv(const Tensor& x, const Tensor& w) const;
   // The sorted grouped expert path (no shared expert).
+  absl::StatusOr<Tensor> CreateSyntheticQuantized(const SyntheticSpec& spec);
   // Quantised weights (kernels/quant_weights.h views of their tensors).
   static Fp8Matrix Fp8(const Tensor& w);
   static Mxfp4Matrix Mxfp4(const Tensor& w);

@@ -16,12 +16,16 @@ absl::StatusOr<std::unique_ptr<Worker>> BuildWorker(const CudaWorkerSpec& spec) 
   options.matrix_dtype = spec.precision == Precision::kFP32 ? DType::kF32 : DType::kBF16;
   ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::Create(options));
   std::unique_ptr<Dsv4Model> model;
+  LoadOptions load;
+  load.keep_formats = spec.keep_formats;
+  load.synthetic_released_formats = spec.keep_formats;
   if (spec.model_dir.empty()) {
     ASSIGN_OR_RETURN(model, Dsv4Model::LoadSynthetic(spec.config, spec.synthetic_seed,
-                                                     std::move(backend), spec.cache));
+                                                     std::move(backend), spec.cache, load));
   } else {
     ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(spec.model_dir));
-    ASSIGN_OR_RETURN(model, Dsv4Model::Load(spec.config, *ckpt, std::move(backend), spec.cache));
+    ASSIGN_OR_RETURN(model,
+                     Dsv4Model::Load(spec.config, *ckpt, std::move(backend), spec.cache, load));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<CudaWorker> worker,
                    CudaWorker::Create(std::move(model), spec.graphs));

@@ -150,6 +150,11 @@ struct SyntheticSpec {
   uint64_t seed = 0;
   float lo = 0, hi = 0;
   int32_t modulus = 1;
+  // A matrix in a released format (kernels/quant_synthetic.h): the same values quantised, FP8
+  // with block_rows x block_cols blocks (its scale grid restarting every part_rows rows) or MXFP4.
+  QuantFormat format = QuantFormat::kNone;
+  int32_t block_rows = 128, block_cols = 128;
+  int64_t part_rows = 0;
 };
 
 // An mHC gate (the HcPre / HcHead mixing weights and parameters) and the RMSNorm applied to its

@@ -75,14 +75,31 @@ std::string L(int64_t layer, std::string_view suffix) {
 
 class CheckpointWeights final : public WeightFactory {
  public:
-  CheckpointWeights(WeightSource* src, Backend* backend) : src_(src), backend_(backend) {}
+  // `keep_formats`: matrices go to the backend as stored (FP8 / MXFP4 with their scales, which
+  // the backend may keep); otherwise everything is dequantised to fp32 here (--weight-format bf16).
+  CheckpointWeights(WeightSource* src, Backend* backend, bool keep_formats)
+      : src_(src), backend_(backend), keep_formats_(keep_formats) {}
   bool Has(const std::string& name) const override { return src_->Has(name); }
   absl::StatusOr<Tensor> Get(const std::string& name, Shape shape, WeightUse use) override {
+    if (keep_formats_ && use == WeightUse::kMatrix) {
+      ASSIGN_OR_RETURN(StoredWeight stored, src_->Stored(name, shape));
+      return backend_->CreateStoredWeight(stored, use);
+    }
     ASSIGN_OR_RETURN(HostTensor host, src_->F32(name, shape));
     return backend_->CreateWeight(host, use);
   }
   absl::StatusOr<Tensor> Stack(const std::vector<std::string>& names, Shape part, Shape shape,
                                WeightUse use) override {
+    if (keep_formats_ && use == WeightUse::kMatrix) {
+      std::vector<StoredWeight> parts;
+      parts.reserve(names.size());
+      for (const std::string& name : names) {
+        ASSIGN_OR_RETURN(StoredWeight p, src_->Stored(name, part));
+        parts.push_back(std::move(p));
+      }
+      ASSIGN_OR_RETURN(StoredWeight all, StackParts(std::move(parts), shape));
+      return backend_->CreateStoredWeight(all, use);
+    }
     HostTensor all{DType::kF32, shape, {}, {}};
     all.f32.reserve(static_cast<size_t>(shape.numel()));
     for (const std::string& name : names) {
@@ -105,17 +122,49 @@ class CheckpointWeights final : public WeightFactory {
  private:
   WeightSource* src_;
   Backend* backend_;
+  bool keep_formats_;
 };
 
 // Synthetic weights: every tensor seeded by (model seed, name), with ranges that keep activations
 // in a realistic regime (matrices ±1/sqrt(fan_in), norm weights and mHC scales near 1, biases
 // small).
+// How the release stores a matrix: FP8 block-scaled for the attention projections, the indexer's
+// query projection and the shared expert; MXFP4 for the routed experts; BF16 for the rest
+// (embeddings, head, compressors, the indexer's weights projection). dsv4-model.md §12.
+QuantFormat ReleasedFormat(const std::string& name) {
+  if (absl::StrContains(name, "mlp.experts.")) return QuantFormat::kMxfp4;
+  if (absl::StrContains(name, "mlp.shared_experts.")) return QuantFormat::kFp8Block;
+  if (absl::StrContains(name, "self_attn.compressor.indexer.q_b_proj")) return QuantFormat::kFp8Block;
+  if (absl::StrContains(name, "self_attn.compressor.")) return QuantFormat::kNone;
+  for (const char* p : {"self_attn.q_a_proj", "self_attn.q_b_proj", "self_attn.kv_proj",
+                        "self_attn.o_a_proj", "self_attn.o_b_proj"}) {
+    if (absl::StrContains(name, p)) return QuantFormat::kFp8Block;
+  }
+  return QuantFormat::kNone;
+}
+
 class SyntheticWeights final : public WeightFactory {
  public:
-  SyntheticWeights(uint64_t seed, Backend* backend) : seed_(seed), backend_(backend) {}
+  // `released_formats`: matrices in the formats the release stores them in (ReleasedFormat),
+  // FP8 with `fp8_block` blocks; otherwise dense.
+  SyntheticWeights(uint64_t seed, Backend* backend, bool released_formats,
+                   std::vector<int64_t> fp8_block)
+      : seed_(seed), backend_(backend), released_(released_formats), block_(std::move(fp8_block)) {}
   bool Has(const std::string& name) const override { return true; }
   absl::StatusOr<Tensor> Get(const std::string& name, Shape shape, WeightUse use) override {
+    return Make(name, shape, use, 0);
+  }
+  absl::StatusOr<Tensor> Make(const std::string& name, Shape shape, WeightUse use,
+                              int64_t part_rows) {
     SyntheticSpec spec;
+    if (released_ && use == WeightUse::kMatrix && shape.rank >= 2) {
+      spec.format = ReleasedFormat(name);
+      if (block_.size() == 2) {
+        spec.block_rows = static_cast<int32_t>(block_[0]);
+        spec.block_cols = static_cast<int32_t>(block_[1]);
+      }
+      spec.part_rows = part_rows;
+    }
     spec.shape = shape;
     spec.seed = Seed(name);
     const bool near_one = shape.rank == 1 && (absl::StrContains(name, "norm") ||
@@ -134,7 +183,7 @@ class SyntheticWeights final : public WeightFactory {
   }
   absl::StatusOr<Tensor> Stack(const std::vector<std::string>& names, Shape part, Shape shape,
                                WeightUse use) override {
-    return Get(names.front(), shape, use);
+    return Make(names.front(), shape, use, part[0]);
   }
   absl::StatusOr<Tensor> Index(const std::string& name, Shape shape, int32_t modulus) override {
     SyntheticSpec spec;
@@ -153,6 +202,8 @@ class SyntheticWeights final : public WeightFactory {
   }
   uint64_t seed_;
   Backend* backend_;
+  bool released_;
+  std::vector<int64_t> block_;
 };
 
 class Loader {
@@ -365,10 +416,11 @@ absl::Status Dsv4Model::AllocatePools() {
 absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Load(const ModelConfig& config,
                                                           const Checkpoint& ckpt,
                                                           std::unique_ptr<Backend> backend,
-                                                          const CacheConfig& cache) {
+                                                          const CacheConfig& cache,
+                                                          const LoadOptions& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<Dsv4Model> m, Create(config, std::move(backend), cache));
   ASSIGN_OR_RETURN(WeightSource src, WeightSource::Create(&ckpt, config.quant_block));
-  CheckpointWeights factory(&src, m->backend_.get());
+  CheckpointWeights factory(&src, m->backend_.get(), options.keep_formats);
   RETURN_IF_ERROR(m->LoadWeights(&factory));
   const auto unused = src.Unused();
   if (!unused.empty()) {
@@ -384,9 +436,11 @@ absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Load(const ModelConfig& co
 absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::LoadSynthetic(const ModelConfig& config,
                                                                    uint64_t seed,
                                                                    std::unique_ptr<Backend> backend,
-                                                                   const CacheConfig& cache) {
+                                                                   const CacheConfig& cache,
+                                                                   const LoadOptions& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<Dsv4Model> m, Create(config, std::move(backend), cache));
-  SyntheticWeights factory(seed, m->backend_.get());
+  SyntheticWeights factory(seed, m->backend_.get(), options.synthetic_released_formats,
+                           config.quant_block);
   RETURN_IF_ERROR(m->LoadWeights(&factory));
   RETURN_IF_ERROR(m->AllocatePools());
   return m;

@@ -40,6 +40,17 @@ struct CacheConfig {
 int32_t DefaultBlockSize(const ModelConfig& config);
 
 // One sequence's work in a step.
+// How weights reach the backend.
+struct LoadOptions {
+  // Matrices as the checkpoint stores them (FP8 block-scaled, MXFP4): a backend that computes with
+  // them keeps them (the CUDA backend); false dequantises them to fp32 on the host first, as
+  // --weight-format bf16 asks.
+  bool keep_formats = true;
+  // Synthetic weights: the matrices in the formats the release stores them in (FP8 projections,
+  // MXFP4 routed experts; --weight-format auto) instead of dense values.
+  bool synthetic_released_formats = false;
+};
+
 struct SequenceStep {
   std::span<const int32_t> tokens;        // new tokens: a prefill chunk or one decode token
   int32_t start_pos = 0;                  // tokens already processed for this sequence
@@ -79,13 +90,15 @@ class Dsv4Model {
   static absl::StatusOr<std::unique_ptr<Dsv4Model>> Load(const ModelConfig& config,
                                                          const Checkpoint& ckpt,
                                                          std::unique_ptr<Backend> backend,
-                                                         const CacheConfig& cache);
+                                                         const CacheConfig& cache,
+                                                         const LoadOptions& options = {});
   // Materialises deterministic synthetic weights (seeded by `seed` and each tensor's name)
   // directly on `backend`: no file, any config (benchmarks of full-width layers).
   static absl::StatusOr<std::unique_ptr<Dsv4Model>> LoadSynthetic(const ModelConfig& config,
                                                                   uint64_t seed,
                                                                   std::unique_ptr<Backend> backend,
-                                                                  const CacheConfig& cache);
+                                                                  const CacheConfig& cache,
+                                                                  const LoadOptions& options = {});
   ~Dsv4Model();
 
   // Runs one ragged step. Validates the batch first (token ids, positions, slots, block tables)
