@@ -14,7 +14,11 @@
 // Work split: each warp owns a tile of 32 weight rows (two 16-row mma tiles sharing the B
 // fragments, so x is read once per 32 rows) and one k slice of it; kW warps of a block take the
 // kW slices of one tile (kW from 1 to 32, chosen so that the grid has about kTargetWarps warps);
-// their partial sums meet in shared memory and are added in slice order. Within a slice a lane
+// their partial sums meet in shared memory and are added in slice order. A grid of few tiles
+// (the 512- and 1024-row projections: 16-32 tiles) would stream on as few SMs, so there the
+// kC * 8 slices of a tile go to a thread-block cluster of kC blocks of 8 warps (one tile per
+// block, slices rank * 8 .. rank * 8 + 7), and block rank 0 adds the blocks' sums through
+// distributed shared memory in rank order (as SplitGemvKernel in moe.cu). Within a slice a lane
 // quad (lanes 4g..4g+3) reads 64 contiguous bytes of each of its rows g, g+8, g+16, g+24 per
 // 64-wide k step: one 16-byte load (16 consecutive k) per lane and row, issued a step ahead of
 // its use (the first before the PDL wait: weights and scales are constant), 2 KiB per warp in
@@ -38,6 +42,7 @@
 // same decode (NaN codes restored as NaN) times the fp32 scale of each column's block.
 #include "kernels/cuda/fp8_linear.h"
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -59,14 +64,20 @@ constexpr int kMinBlockWarps = 8;          // blocks of at least 256 threads (se
 // Warps in the grid aimed for: about 32 resident warps on each of the H200's 132 SMs (2 KiB in
 // flight per warp, 64 KiB per SM), as the bf16 GEMVs (gemv.cu) keep.
 constexpr int64_t kTargetWarps = 4096;
+// Grids of fewer tiles (blocks of 8 or more warps: one tile each) take the cluster form when a
+// tile has at least 2 x kClusterWarps slices: about half the SMs or more then stream.
+constexpr int64_t kClusterMaxTiles = 64;
+constexpr int kClusterWarps = 8;  // warps (slices) per block of a cluster
+constexpr int kMaxCluster = 8;    // portable cluster size
 
 constexpr int BlockWarps(int slices) { return slices < kMinBlockWarps ? kMinBlockWarps : slices; }
 // Resident blocks asked of the compiler: 1024 threads per SM (64 registers per thread) for bf16
 // x; 512 (128 registers) for the three x terms of fp32 mode, whose extra registers would spill
-// at 64 (fp32 mode then splits k at most kMaxSlicesFp32 ways: 512-thread blocks).
+// at 64 (fp32 mode then splits k at most kMaxSlicesFp32 ways: 512-thread blocks), and for the
+// cluster form (a grid of at most 2 blocks per SM: kClusterMaxTiles x 4 blocks).
 constexpr int kMaxSlicesFp32 = 16;
-constexpr int MinBlocks(int splits, int slices) {
-  return (splits == 1 ? 1024 : 512) / (32 * BlockWarps(slices));
+constexpr int MinBlocks(int splits, int slices, bool cluster) {
+  return (splits == 1 && !cluster ? 1024 : 512) / (32 * BlockWarps(slices));
 }
 
 struct GemvArgs {
@@ -142,24 +153,34 @@ __device__ __forceinline__ int32_t ScaleRowBase(const Fp8Matrix& w, uint32_t r) 
 }
 
 // The GEMV (see the top of the file). Block: BlockWarps(kW) warps = tiles_per_block tiles x kW k
-// slices (warp w: tile w / kW, slice w % kW). Lane rows: tile * 32 + g + 8i (i < 4; i = 2t + h:
+// slices (warp w: tile w / kW, slice w % kW); kCluster (kW = kClusterWarps, one tile per block):
+// the cluster's blocks share the tile, block rank c taking slices c * kW + w. Lane rows: tile * 32 + g + 8i (i < 4; i = 2t + h:
 // mma tile t, accumulator half h). Accumulators: d[t] / acc[t] of mma tile t (c0, c1: row
 // 16t + g, x rows 2q, 2q + 1; c2, c3: row 16t + g + 8). k and cols in 32 bits (Fp8GemvFits).
-template <int kSplits, int kW>
-__global__ void __launch_bounds__(32 * BlockWarps(kW), MinBlocks(kSplits, kW))
+template <int kSplits, int kW, bool kCluster>
+__global__ void __launch_bounds__(32 * BlockWarps(kW), MinBlocks(kSplits, kW, kCluster))
     Fp8GemvKernel(const GemvArgs a) {
   constexpr int kWarps = BlockWarps(kW);
   constexpr int kTilesPerBlock = kWarps / kW;
+  static_assert(!kCluster || (kW == kClusterWarps && kTilesPerBlock == 1), "cluster blocks");
   PdlTrigger();
   __shared__ int32_t scale_row[kTilesPerBlock * kTileRows];
   __shared__ float4 red[kW > 1 ? kWarps : 1][kSubTiles][32];
+  __shared__ float4 part[kCluster ? kSubTiles : 1][32];  // the block's sums (cluster form)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
   const Fp8Matrix& w = a.w;
   const int64_t rows = w.rows;
   const int cols = static_cast<int>(w.cols);
-  const int64_t tile = int64_t{blockIdx.x} * kTilesPerBlock + warp / kW;
+  unsigned rank = 0, csize = 1;
+  if constexpr (kCluster) {
+    const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    rank = cluster.block_rank();
+    csize = cluster.num_blocks();
+  }
+  const int64_t first_tile = kCluster ? blockIdx.x / csize : int64_t{blockIdx.x} * kTilesPerBlock;
+  const int64_t tile = first_tile + warp / kW;
   const bool live = tile < a.tiles;
-  const int k0 = std::min(cols, (warp % kW) * a.slice);
+  const int k0 = std::min(cols, static_cast<int>(rank * kW + warp % kW) * a.slice);
   const int k1 = live ? std::min(cols, k0 + a.slice) : k0;
   // Row g of the lane's tile at this lane's 16 bytes; row g + 8i is 8i rows further. Rows past
   // the end are not loaded (bit i of `row_ok`; their accumulators are never stored).
@@ -183,7 +204,7 @@ __global__ void __launch_bounds__(32 * BlockWarps(kW), MinBlocks(kSplits, kW))
   // scale rows of the block's tiles are located meanwhile (one row per thread).
   if (k0 < k1) load(k0);
   {
-    const int64_t r = int64_t{blockIdx.x} * kTilesPerBlock * kTileRows + threadIdx.x;
+    const int64_t r = first_tile * kTileRows + threadIdx.x;
     if (threadIdx.x < kTilesPerBlock * kTileRows) {
       scale_row[threadIdx.x] = r < rows ? ScaleRowBase(w, static_cast<uint32_t>(r)) : 0;
     }
@@ -249,22 +270,55 @@ __global__ void __launch_bounds__(32 * BlockWarps(kW), MinBlocks(kSplits, kW))
       red[warp][t][lane] = make_float4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
     }
     __syncthreads();
-    if (warp % kW != 0) return;
+    if (!kCluster && warp % kW != 0) return;
+    if (warp % kW == 0) {
 #pragma unroll
-    for (int t = 0; t < kSubTiles; ++t) {
-      float4 s = red[warp][t][lane];
-      for (int p = 1; p < kW; ++p) {
-        const float4 o = red[warp + p][t][lane];
-        s.x += o.x;
-        s.y += o.y;
-        s.z += o.z;
-        s.w += o.w;
+      for (int t = 0; t < kSubTiles; ++t) {
+        float4 s = red[warp][t][lane];
+        for (int p = 1; p < kW; ++p) {
+          const float4 o = red[warp + p][t][lane];
+          s.x += o.x;
+          s.y += o.y;
+          s.z += o.z;
+          s.w += o.w;
+        }
+        acc[t][0] = s.x;
+        acc[t][1] = s.y;
+        acc[t][2] = s.z;
+        acc[t][3] = s.w;
       }
-      acc[t][0] = s.x;
-      acc[t][1] = s.y;
-      acc[t][2] = s.z;
-      acc[t][3] = s.w;
     }
+  }
+  if constexpr (kCluster) {
+    // Every thread of every block reaches both cluster barriers; warp 0 of rank 0 adds the
+    // blocks' sums in rank order and is the only writer.
+    const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    if (warp == 0) {
+#pragma unroll
+      for (int t = 0; t < kSubTiles; ++t) {
+        part[t][lane] = make_float4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
+      }
+    }
+    cluster.sync();  // every block's sums are written and visible cluster-wide
+    if (rank == 0 && warp == 0) {
+#pragma unroll
+      for (int t = 0; t < kSubTiles; ++t) {
+        float4 s = part[t][lane];
+        for (unsigned r = 1; r < csize; ++r) {
+          const float4 o = *cluster.map_shared_rank(&part[t][lane], r);
+          s.x += o.x;
+          s.y += o.y;
+          s.z += o.z;
+          s.w += o.w;
+        }
+        acc[t][0] = s.x;
+        acc[t][1] = s.y;
+        acc[t][2] = s.z;
+        acc[t][3] = s.w;
+      }
+    }
+    cluster.sync();  // no block leaves while rank 0 still reads its shared memory
+    if (rank != 0 || warp != 0) return;
   }
 #pragma unroll
   for (int i = 0; i < kLaneRows; ++i) {
@@ -283,8 +337,19 @@ absl::Status LaunchGemv(const GemvArgs& a, cudaStream_t stream) {
   constexpr int kWarps = BlockWarps(kW);
   constexpr int kTilesPerBlock = kWarps / kW;
   const int64_t blocks = (a.tiles + kTilesPerBlock - 1) / kTilesPerBlock;
-  CUDA_RETURN_IF_ERROR(LaunchPdl(Fp8GemvKernel<kSplits, kW>, dim3(static_cast<unsigned>(blocks)),
-                                 dim3(32 * kWarps), 0, stream, a));
+  CUDA_RETURN_IF_ERROR(LaunchPdl(Fp8GemvKernel<kSplits, kW, false>,
+                                 dim3(static_cast<unsigned>(blocks)), dim3(32 * kWarps), 0, stream,
+                                 a));
+  return absl::OkStatus();
+}
+
+// The cluster form: `cluster` blocks of kClusterWarps warps per tile.
+template <int kSplits>
+absl::Status LaunchGemvCluster(const GemvArgs& a, int cluster, cudaStream_t stream) {
+  CUDA_RETURN_IF_ERROR(LaunchPdlCluster(
+      Fp8GemvKernel<kSplits, kClusterWarps, true>,
+      dim3(static_cast<unsigned>(a.tiles * cluster)), dim3(32 * kClusterWarps), 0, stream,
+      static_cast<unsigned>(cluster), a));
   return absl::OkStatus();
 }
 
@@ -448,6 +513,12 @@ absl::Status Fp8Gemv(const float* x, int64_t m, const Fp8Matrix& w, int64_t grou
     slices *= 2;
   }
   a.slice = SliceK(w.cols, slices);
+  if (a.tiles < kClusterMaxTiles && slices >= 2 * kClusterWarps) {
+    const int cluster = std::min(kMaxCluster, slices / kClusterWarps);
+    a.slice = SliceK(w.cols, cluster * kClusterWarps);
+    return round_x_bf16 ? LaunchGemvCluster<1>(a, cluster, stream)
+                        : LaunchGemvCluster<3>(a, cluster, stream);
+  }
   return round_x_bf16 ? LaunchGemvSlices<1>(a, slices, stream)
                       : LaunchGemvSlices<3>(a, slices, stream);
 }

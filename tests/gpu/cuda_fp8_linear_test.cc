@@ -178,8 +178,8 @@ TEST(CudaFp8Linear, SmallShapesPartialBlocksPartsAndGroups) {
       {"block48x192", 200, 576, 48, 192},  // row blocks across mma tiles, 3-step column blocks
       {"block128x96", 256, 384, 128, 96},  // block_cols % 64 != 0: the fallback
       {"block32x32", 96, 256, 32, 32},     // the fallback
-      {"partial_cols", 96, 2112},          // 16.5 column blocks, k split over warps
-      {"long_k", 64, 12352},               // many slices, the last one partial
+      {"partial_cols", 96, 2112},          // 16.5 column blocks, k over a cluster of 2 blocks
+      {"long_k", 64, 12352},               // a cluster of 4 blocks, the last slice partial
       {"parts", 192, 256, 64, 128, 96},    // 2 parts of 96 rows: the grid restarts mid-block
       {"parts3", 3 * 80, 320, 128, 128, 80},
       {"grouped4", 128, 256, 128, 128, 0, 4},  // group_rows 32
