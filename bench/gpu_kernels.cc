@@ -166,7 +166,9 @@ Tensor Fp8Weight(Backend* be, const Fp8Case& fc, uint64_t seed) {
     sw.data[i] = (code & 0x7f) == 0x7f ? code ^ 1 : code;  // 0x7f / 0xff are NaN
   }
   sw.scale_f32.resize(static_cast<size_t>(sw.fp8().ScaleCount()));
-  for (size_t i = 0; i < sw.scale_f32.size(); ++i) sw.scale_f32[i] = std::ldexp(1.0f, -8 - int(i % 4));
+  for (size_t i = 0; i < sw.scale_f32.size(); ++i) {
+    sw.scale_f32[i] = std::ldexp(1.0f, -8 - static_cast<int>(i % 4));
+  }
   auto t = be->CreateStoredWeight(sw, WeightUse::kMatrix);
   if (!t.ok()) {
     std::fprintf(stderr, "%s\n", t.status().ToString().c_str());

@@ -4,19 +4,23 @@
 // mma.sync.m16n8k16 (bf16 in, fp32 accumulate) with 16 weight rows as the mma's m rows and the m
 // rows of x as its n = 8 columns (the unused columns are zeros), as the bf16 expert GEMV of
 // moe.cu does. Every e4m3 value is exact in bf16, so the weights go in exactly; x goes in as
-// bf16(x) (round_x_bf16) or, in fp32 mode, as three bf16 terms whose sum is x exactly (hi = bf16(x),
-// mid = bf16(x - hi), lo = x - hi - mid: 24 significant bits in three 8-bit pieces), three mmas
-// per step. The products are then exact and only the accumulation rounds (fp32). On CUDA cores
-// the m x 8 products per weight (at m = 8, 8 FMAs per byte streamed) and the conversions would
-// be the limit; the tensor cores make m nearly free, leaving the decode (a few integer operations
-// per 4 bytes) as the only per-byte work.
+// bf16(x) (round_x_bf16) or, in fp32 mode, as three bf16 terms whose sum is x exactly
+// (hi = bf16(x), mid = bf16(x - hi), lo = x - hi - mid: 24 significant bits in three 8-bit
+// pieces), three mmas per step. The products are then exact and only the accumulation rounds
+// (fp32). On CUDA cores the m products per weight (at m = 8, 8 FMAs per byte streamed) and the
+// conversions would be the limit; the tensor cores make m nearly free, leaving the decode (a few
+// integer operations per 4 bytes, E4m3x4ToBf16) as the only per-byte work. The NaN codes
+// (S.1111.111, absent from the release) decode as ±480 there; Fp8Dequantize keeps them NaN.
+// Fp8GemvFits: cols % 16 == 0 (whole 16-byte loads), block_cols % 64 == 0 (a k step in one scale
+// block), group_rows all rows or a multiple of 32 (a warp tile in one group), 16-byte aligned x
+// and codes.
 //
 // Work split: each warp owns a tile of 32 weight rows (two 16-row mma tiles sharing the B
 // fragments, so x is read once per 32 rows) and one k slice of it; kW warps of a block take the
 // kW slices of one tile (kW from 1 to 32, chosen so that the grid has about kTargetWarps warps);
 // their partial sums meet in shared memory and are added in slice order. A grid of few tiles
 // (the 512- and 1024-row projections: 16-32 tiles) would stream on as few SMs, so there the
-// kC * 8 slices of a tile go to a thread-block cluster of kC blocks of 8 warps (one tile per
+// C * 8 slices of a tile go to a thread-block cluster of C blocks of 8 warps (one tile per
 // block, slices rank * 8 .. rank * 8 + 7), and block rank 0 adds the blocks' sums through
 // distributed shared memory in rank order (as SplitGemvKernel in moe.cu). Within a slice a lane
 // quad (lanes 4g..4g+3) reads 64 contiguous bytes of each of its rows g, g+8, g+16, g+24 per
@@ -31,12 +35,12 @@
 // B (b0: logical k 2q, 2q+1 of x row g; b1: 2q+8, 2q+9) is then (x0, x2), (x1, x3) of the float4
 // of x row g at the same four k.
 //
-// Scales: a 64-wide step lies in one 128-column (block_cols % 64 == 0) scale block, so each
-// thread accumulates the block's partial dot products of its accumulators in d (the tensor
-// cores) and, at the block's end, adds scale(row, block) * d to its fp32 sums in acc (one fmaf
-// per accumulator), the block's scale having been loaded a block ahead. Summation order, all
-// fixed: within a scale block the mma chain (k steps in order, j in order, hi/mid/lo in order),
-// then the scale blocks in order (fmaf), then the k slices in order: deterministic.
+// Scales: a 64-wide step lies in one scale block, so each thread accumulates a scale block's
+// partial dot products in d (the tensor cores) and, at the block's end, adds scale(row, block) *
+// d to its fp32 sums in acc (one fmaf per accumulator; the scales of a block are loaded as it
+// starts). Summation order, all fixed: within a scale block the mma chain (k steps in order, j in
+// order, hi/mid/lo in order), then the scale blocks in order (fmaf), then the k slices in order
+// (warps, then cluster ranks): deterministic.
 //
 // Fp8Dequantize: an elementwise kernel, 16 columns of one row per thread (one 16-byte load), the
 // same decode (NaN codes restored as NaN) times the fp32 scale of each column's block.
@@ -141,22 +145,28 @@ __device__ __forceinline__ uint32_t Word(const uint4& v, int j) {
   return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
 }
 
-// Index of the scale of (r, column 0) (Fp8Matrix::ScaleIndex) in 32-bit arithmetic (the
-// launchers keep rows and the scale count below 2^31).
-__device__ __forceinline__ int32_t ScaleRowBase(const Fp8Matrix& w, uint32_t r) {
-  const uint32_t pr = static_cast<uint32_t>(w.PartRows());
-  const uint32_t br = static_cast<uint32_t>(w.block_rows);
-  const uint32_t part = r / pr;
-  return static_cast<int32_t>(
-      (part * static_cast<uint32_t>(w.ScaleRowsPerPart()) + (r - part * pr) / br) *
-      static_cast<uint32_t>(w.ScaleCols()));
-}
+// Fp8Matrix::ScaleIndex of (r, column 0) in 32-bit arithmetic (the launchers keep rows and the
+// scale count below 2^30), the grid's sizes divided out once.
+struct ScaleRows {
+  uint32_t part_rows, block_rows;
+  uint32_t per_part, cols;  // ScaleRowsPerPart, ScaleCols
+  __device__ __forceinline__ explicit ScaleRows(const Fp8Matrix& w)
+      : part_rows(static_cast<uint32_t>(w.PartRows())),
+        block_rows(static_cast<uint32_t>(w.block_rows)),
+        per_part(static_cast<uint32_t>(w.ScaleRowsPerPart())),
+        cols(static_cast<uint32_t>(w.ScaleCols())) {}
+  __device__ __forceinline__ int32_t Base(uint32_t r) const {
+    const uint32_t part = r / part_rows;
+    return static_cast<int32_t>((part * per_part + (r - part * part_rows) / block_rows) * cols);
+  }
+};
 
 // The GEMV (see the top of the file). Block: BlockWarps(kW) warps = tiles_per_block tiles x kW k
 // slices (warp w: tile w / kW, slice w % kW); kCluster (kW = kClusterWarps, one tile per block):
-// the cluster's blocks share the tile, block rank c taking slices c * kW + w. Lane rows: tile * 32 + g + 8i (i < 4; i = 2t + h:
-// mma tile t, accumulator half h). Accumulators: d[t] / acc[t] of mma tile t (c0, c1: row
-// 16t + g, x rows 2q, 2q + 1; c2, c3: row 16t + g + 8). k and cols in 32 bits (Fp8GemvFits).
+// the cluster's blocks share the tile, block rank c taking slices c * kW + w. Lane rows:
+// tile * 32 + g + 8i (i < 4; i = 2t + h: mma tile t, accumulator half h). Accumulators: d[t] /
+// acc[t] of mma tile t (c0, c1: row 16t + g, x rows 2q, 2q + 1; c2, c3: row 16t + g + 8). k and
+// cols in 32 bits (ValidMatrix).
 template <int kSplits, int kW, bool kCluster>
 __global__ void __launch_bounds__(32 * BlockWarps(kW), MinBlocks(kSplits, kW, kCluster))
     Fp8GemvKernel(const GemvArgs a) {
@@ -206,7 +216,7 @@ __global__ void __launch_bounds__(32 * BlockWarps(kW), MinBlocks(kSplits, kW, kC
   {
     const int64_t r = first_tile * kTileRows + threadIdx.x;
     if (threadIdx.x < kTilesPerBlock * kTileRows) {
-      scale_row[threadIdx.x] = r < rows ? ScaleRowBase(w, static_cast<uint32_t>(r)) : 0;
+      scale_row[threadIdx.x] = r < rows ? ScaleRows(w).Base(static_cast<uint32_t>(r)) : 0;
     }
   }
   __syncthreads();
@@ -220,8 +230,8 @@ __global__ void __launch_bounds__(32 * BlockWarps(kW), MinBlocks(kSplits, kW, kC
   PdlWait();
   // x row g of this tile's group (only lanes with g < m read it), at this lane's 16 k.
   const bool has_x = g < a.m;
-  const float* xr =
-      a.x + (has_x ? g : 0) * a.ldx + (live ? tile * kTileRows / a.group_rows : 0) * w.cols + 16 * q;
+  const int64_t group = live ? tile * kTileRows / a.group_rows : 0;
+  const float* xr = a.x + (has_x ? g : 0) * a.ldx + group * w.cols + 16 * q;
   float d[kSubTiles][4], acc[kSubTiles][4];
 #pragma unroll
   for (int t = 0; t < kSubTiles; ++t) {
@@ -390,13 +400,15 @@ __global__ void Fp8DequantizeKernel(const Fp8Matrix w, void* out) {
   const int64_t c0 = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) * kDqRun;
   if (c0 >= cols) return;
   const int n = static_cast<int>(std::min<int64_t>(kDqRun, cols - c0));
-  const int bc = w.block_cols;
+  const int64_t bc = w.block_cols;
+  const int64_t cb0 = c0 / bc;  // the scale block of the run's first column
+  const ScaleRows grid(w);
   for (int64_t r = blockIdx.y; r < w.rows; r += gridDim.y) {
-    const int64_t base = ScaleRowBase(w, static_cast<uint32_t>(r));
+    const int64_t base = grid.Base(static_cast<uint32_t>(r));
     const uint8_t* src = w.w + r * cols + c0;
     float f[kDqRun];
     // The scales of the run's blocks: a new one where a block starts within the run.
-    int64_t cb = c0 / bc, next = (cb + 1) * bc;
+    int64_t cb = cb0, next = (cb + 1) * bc;
     float s = __ldg(w.scale + base + cb);
     if constexpr (kVec) {
       const uint4 raw = LoadWeights16(reinterpret_cast<const uint4*>(src));
