@@ -3,7 +3,7 @@
 // ceilings: HBM measured here by a streaming add over 3 GiB, bf16 dense taken as 790 TFLOP/s.
 // Times are wall clock per call over many back-to-back launches on the backend's stream, closed
 // by a synchronising copy (launch overhead included: that is what an eager step pays).
-//   dsv4_gpu_kernels_bench [--iters N] [--precision bf16|fp32] [--decode-only]
+//   dsv4_gpu_kernels_bench [--iters N] [--precision bf16|fp32] [--decode-only] [--fp8-only]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/model_config.h"
+#include "worker/checkpoint/stored_weight.h"
 #include "worker/worker_factory.h"
 
 namespace dsv4 {
@@ -138,10 +139,86 @@ void DecodeRows(Ctx& c, const char* path, double wb) {
       7 * 6.0 * 4096 * 2048, true);
 }
 
+// ---- FP8 block-scaled weights (kernels/cuda/fp8_linear.h) ----
+
+// A DSV4-Flash dense projection as the release stores it: e4m3 codes, one fp32 scale per
+// 128 x 128 block (restarting at every part of part_rows rows); groups > 1: the grouped product.
+struct Fp8Case {
+  const char* name;
+  int64_t n, k;
+  int64_t part_rows = 0;
+  int64_t groups = 1;
+};
+
+// Random non-NaN codes and power-of-two scales (the checkpoint's UE8M0), built on the host.
+Tensor Fp8Weight(Backend* be, const Fp8Case& fc, uint64_t seed) {
+  StoredWeight sw;
+  sw.name = fc.name;
+  sw.format = WeightFormat::kFp8Block;
+  sw.shape = Shape{fc.n, fc.k};
+  sw.block_rows = sw.block_cols = 128;
+  sw.part_rows = fc.part_rows;
+  sw.data.resize(static_cast<size_t>(fc.n * fc.k));
+  uint64_t state = seed;
+  for (size_t i = 0; i < sw.data.size(); ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;  // 64-bit LCG
+    const uint8_t code = static_cast<uint8_t>(state >> 56);
+    sw.data[i] = (code & 0x7f) == 0x7f ? code ^ 1 : code;  // 0x7f / 0xff are NaN
+  }
+  sw.scale_f32.resize(static_cast<size_t>(sw.fp8().ScaleCount()));
+  for (size_t i = 0; i < sw.scale_f32.size(); ++i) {
+    sw.scale_f32[i] = std::ldexp(1.0f, -8 - static_cast<int>(i % 4));
+  }
+  auto t = be->CreateStoredWeight(sw, WeightUse::kMatrix);
+  if (!t.ok()) {
+    std::fprintf(stderr, "%s\n", t.status().ToString().c_str());
+    std::exit(1);
+  }
+  return *t;
+}
+
+// The Flash projections with FP8 weights at batch 1 and 8 (m <= 8: Fp8Gemv), each next to the
+// same product with the backend's dense weights (bf16: the single-token RowGemv at M=1, cuBLASLt
+// at M=8). GB/s and %HBM count the weight bytes once (FP8: codes + scales; dense: wb per element).
+void Fp8Rows(Ctx& c, const char* dense_tag, double wb) {
+  Backend& be = *c.be;
+  StepMeta meta;
+  Meta(c.be, &meta, 1, 0, 1, 128);
+  uint64_t seed = 100;
+  for (const Fp8Case& fc : std::vector<Fp8Case>{{"wq_a", 1024, 4096},
+                                                {"wq_b", 32768, 1024},
+                                                {"wkv", 512, 4096},
+                                                {"wo_a_grouped", 8 * 1024, 4096, 0, 8},
+                                                {"wo_b", 4096, 8192},
+                                                {"idx_wq_b", 8192, 1024},
+                                                {"shared_gate_up", 4096, 4096, 2048},
+                                                {"shared_down", 4096, 2048}}) {
+    const Tensor w8 = Fp8Weight(c.be, fc, ++seed);
+    const Tensor wd = Rand(c.be, Shape{fc.n, fc.k}, seed, 0.02f, WeightUse::kMatrix);
+    const double fp8_bytes = fc.n * fc.k + ((fc.n + 127) / 128) * ((fc.k + 127) / 128) * 4.0;
+    for (int64_t m : {1, 8}) {
+      Meta(c.be, &meta, 1, 0, 1, 128);
+      Tensor x = *be.Scratch(DType::kF32, Shape{m, fc.groups * fc.k});
+      Tensor y = *be.Scratch(DType::kF32, Shape{m, fc.n});
+      auto product = [&](const Tensor& w) {
+        return [&, w] {
+          return fc.groups > 1 ? be.GroupedLinear(x, w, fc.groups, y) : be.Linear(x, w, y);
+        };
+      };
+      const std::string shape = "M=" + std::to_string(m) + " N=" + std::to_string(fc.n) +
+                                " K=" + std::to_string(fc.k);
+      const double flops = 2.0 * m * fc.n * fc.k;
+      Row(c, fc.name, shape + " [fp8]", Time(c, product(w8), y), fp8_bytes, flops, true);
+      Row(c, fc.name, shape + " [" + dense_tag + "]", Time(c, product(wd), y), fc.n * fc.k * wb,
+          flops, true);
+    }
+  }
+}
+
 int Main(int argc, char** argv) {
   Ctx c;
   Precision prec = Precision::kBF16;
-  bool decode_only = false;
+  bool decode_only = false, fp8_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) c.iters = std::max(1, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--precision") && i + 1 < argc) {
@@ -150,8 +227,11 @@ int Main(int argc, char** argv) {
       prec = *p;
     } else if (!std::strcmp(argv[i], "--decode-only")) {
       decode_only = true;
+    } else if (!std::strcmp(argv[i], "--fp8-only")) {
+      fp8_only = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--iters N] [--precision bf16|fp32] [--decode-only]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--iters N] [--precision bf16|fp32] [--decode-only] [--fp8-only]\n",
                    argv[0]);
       return 2;
     }
@@ -177,6 +257,10 @@ int Main(int argc, char** argv) {
   std::printf("precision=%s iters=%d\n", PrecisionName(prec), c.iters);
   std::printf("%-18s %-34s %10s %10s %8s %9s %8s\n", "op", "shape", "us/call", "GB/s", "%HBM",
               "TFLOP/s", "%bf16");
+
+  // FP8 weights against dense ones at the Flash projection shapes, batch 1 and 8.
+  Fp8Rows(c, prec == Precision::kBF16 ? "bf16" : "fp32", wb);
+  if (fp8_only) return 0;
 
   // Batch-1 decode products side by side: the single-token kernels against the general paths
   // (cuBLASLt / split-K GEMV / sorted grouped experts + separate shared expert) they replaced,
