@@ -174,9 +174,11 @@ absl::StatusOr<HostTensor> WeightSource::F32(const std::string& canonical, Shape
     }
   }
   if (bad > 0) {
+    const auto it = index_.find(canonical);
     return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint tensor ", canonical, " holds ", bad, " non-finite values (NaN or Inf; the first ",
-        "at flat index ", first, " is ", out.f32[first], "): the checkpoint is corrupt"));
+        "checkpoint tensor ", it != index_.end() ? it->second->name : canonical, " (", canonical,
+        ") holds ", bad, " non-finite values (NaN or Inf; the first at flat index ", first, " is ",
+        out.f32[first], "): the checkpoint is corrupt"));
   }
   return out;
 }

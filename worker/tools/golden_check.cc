@@ -123,7 +123,7 @@ absl::StatusOr<GoldenReport> RunGoldenCheck(const std::string& dir, const Golden
   if (cache.num_blocks == 0) cache.num_blocks = static_cast<int32_t>(per_seq * (prompts.size() + 1));
   std::unique_ptr<Backend> backend =
       options.make_backend ? options.make_backend() : std::make_unique<CpuBackend>();
-  ASSIGN_OR_RETURN(auto model, Dsv4Model::Load(config, *ckpt, std::move(backend), cache));
+  ASSIGN_OR_RETURN(auto model, Dsv4Model::Load(config, *ckpt, std::move(backend), cache, options.load));
   const int64_t V = config.vocab_size;
   StepOptions step_opts;
   step_opts.force_indexer_scoring = options.force_indexer_scoring;

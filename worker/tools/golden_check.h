@@ -35,6 +35,7 @@ struct GoldenOptions {
   CacheConfig cache;                                       // num_blocks/slots 0 = sized for the fixture
   bool force_indexer_scoring = false;
   bool batched = true;  // also run all prompts as one ragged batch
+  LoadOptions load;     // keep_formats false: FP8/MXFP4 dequantised at load (--weight-format bf16)
 };
 
 // Runs the check. Errors (unreadable fixture, model load failure) are a Status; numeric
