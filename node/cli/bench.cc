@@ -35,33 +35,50 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+// Bytes per element of each weight class as the step reads them: dense matrices (bf16 2, fp32
+// 4), the FP8 projections (attention, the indexer's query, the shared expert: 1 byte and a fp32
+// scale per 128x128 block) and the MXFP4 routed experts (half a byte and a scale per 32) when the
+// weights are kept in the released formats (--weight-format auto on the GPU).
+struct WeightBytes {
+  double dense = 2, fp8 = 2, experts = 2;
+};
+WeightBytes StepWeightBytes(bool gpu, const std::string& precision, const std::string& format) {
+  const double dense = gpu && precision == "bf16" ? 2.0 : 4.0;
+  if (!gpu || format != "auto") return {dense, dense, dense};
+  return {dense, 1.0 + 4.0 / (128 * 128), 0.5 + 1.0 / 32};
+}
+
 // Bytes a decode step of `batch` sequences at context `ctx` must read at least once: the weights
-// it touches (matrices at `mbytes` per element; routed experts counted by the expected number of
-// distinct experts among batch x top-k uniform picks) and each sequence's attention state.
-double DecodeStepBytes(const ModelConfig& c, int64_t batch, int64_t ctx, double mbytes) {
+// it touches (routed experts counted by the expected number of distinct experts among
+// batch x top-k uniform picks) and each sequence's attention state.
+double DecodeStepBytes(const ModelConfig& c, int64_t batch, int64_t ctx, const WeightBytes& w) {
   const double D = c.hidden_size, H = c.num_heads, hd = c.head_dim, q = c.q_lora_rank;
   const double E = c.n_routed_experts, K = c.num_experts_per_tok, I = c.moe_intermediate_size;
   const double distinct = E * (1.0 - std::pow(1.0 - K / E, static_cast<double>(batch)));
-  double bytes = c.vocab_size * D * mbytes + batch * D * mbytes;  // lm_head + embedding rows
+  double bytes = c.vocab_size * D * w.dense + batch * D * w.dense;  // lm_head + embedding rows
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    double attn = q * D + H * hd * q + hd * D + c.o_groups * c.o_lora_rank * (H / c.o_groups) * hd +
-                  D * c.o_groups * c.o_lora_rank;
+    // wq_a, wq_b, wkv, wo_a, wo_b
+    double fp8 = q * D + H * hd * q + hd * D + c.o_groups * c.o_lora_rank * (H / c.o_groups) * hd +
+                 D * c.o_groups * c.o_lora_rank;
+    double dense = 0;
     double state = c.sliding_window * hd * 4.0;  // the window ring (fp32)
     const int64_t ratio = c.Ratio(l);
     if (ratio > 0) {
       const bool csa = c.layer_types[l] == AttnType::kCsa;
-      attn += 2.0 * (csa ? 2 : 1) * hd * D;  // compressor kv + gate
+      dense += 2.0 * (csa ? 2 : 1) * hd * D;  // compressor kv + gate
       const double entries = std::floor(static_cast<double>(ctx + 1) / ratio);
       if (csa) {
         const double nI = c.index_n_heads, dI = c.index_head_dim;
-        attn += 2.0 * 2 * dI * D + nI * dI * q + nI * D;
+        dense += 2.0 * 2 * dI * D + nI * D;  // indexer compressor kv + gate, weights projection
+        fp8 += nI * dI * q;                  // indexer query
         state += entries * dI * 4.0 + std::min<double>(entries, c.index_topk) * hd * 4.0;
       } else {
         state += entries * hd * 4.0;
       }
     }
-    const double mlp = (distinct + 1) * 3.0 * D * I * mbytes + E * D * 4.0;  // experts + router
-    bytes += attn * mbytes + mlp + batch * state;
+    const double shared = 3.0 * D * I * w.fp8;
+    const double mlp = distinct * 3.0 * D * I * w.experts + shared + E * D * 4.0;  // + router
+    bytes += fp8 * w.fp8 + dense * w.dense + mlp + batch * state;
   }
   return bytes;
 }
@@ -122,11 +139,13 @@ class Bench final : public Command {
     auto overlap_mode = ParseOverlapMode(overlap_);
     if (!overlap_mode.ok()) return Fail(overlap_mode.status());
     const bool overlap = OverlapActive(*overlap_mode, info);
-    const double mbytes = gpu && flags_.precision == "bf16" ? 2.0 : 4.0;
+    const WeightBytes wbytes = StepWeightBytes(gpu, flags_.precision, flags_.weight_format);
     std::printf("model: %s\n", config.Summary().c_str());
-    std::printf("device=%s precision=%s prompt_len=%d decode_steps=%d repeats=%d overlap=%s\n",
-                info.device.c_str(), gpu ? flags_.precision.c_str() : "fp32", prompt_len_,
-                decode_steps_, repeats_, overlap ? "on" : "off");
+    std::printf("device=%s precision=%s weight_format=%s prompt_len=%d decode_steps=%d repeats=%d "
+                "overlap=%s\n",
+                info.device.c_str(), gpu ? flags_.precision.c_str() : "fp32",
+                flags_.weight_format.c_str(), prompt_len_, decode_steps_, repeats_,
+                overlap ? "on" : "off");
     for (const GraphConfig& mode : modes) {
       graphs = &mode;
       std::printf(
@@ -259,7 +278,7 @@ class Bench final : public Command {
           }
           const int64_t at = ctx == 0 ? prompt_len_ : ctx;
           const double roof_ms =
-              DecodeStepBytes(config, batch, at, mbytes) / (hbm_tbps_ * 1e12) * 1e3;
+              DecodeStepBytes(config, batch, at, wbytes) / (hbm_tbps_ * 1e12) * 1e3;
           if (ctx == 0) {
             std::printf("%6d %8d %14.1f %12.2f", batch, ctx, batch * prompt_len_ / best_prefill,
                         best_prefill * 1e3);

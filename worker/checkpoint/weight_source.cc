@@ -66,6 +66,17 @@ absl::StatusOr<WeightSource> WeightSource::Create(const Checkpoint* ckpt,
   return src;
 }
 
+WeightFormat WeightSource::FormatOf(const std::string& canonical) const {
+  auto it = index_.find(canonical);
+  if (it == index_.end()) return WeightFormat::kDense;
+  switch (it->second->dtype) {
+    case DType::kF8E4M3: return WeightFormat::kFp8Block;
+    case DType::kI8:
+    case DType::kU8: return WeightFormat::kMxfp4;
+    default: return WeightFormat::kDense;
+  }
+}
+
 const TensorInfo* WeightSource::Lookup(const std::string& canonical) {
   auto it = index_.find(canonical);
   if (it == index_.end()) return nullptr;

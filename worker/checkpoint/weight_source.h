@@ -28,6 +28,8 @@ class WeightSource {
                                              std::vector<int64_t> fp8_block = {128, 128});
 
   bool Has(const std::string& canonical) const { return index_.count(canonical) > 0; }
+  // The format `canonical` is stored in (dense when absent), without reading it.
+  WeightFormat FormatOf(const std::string& canonical) const;
   // Loads `canonical` as fp32 with exactly `shape`; errors name the tensor. Non-finite values
   // (NaN, Inf) are an error: the checkpoint is corrupt.
   absl::StatusOr<HostTensor> F32(const std::string& canonical, Shape shape);

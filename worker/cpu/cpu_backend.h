@@ -11,7 +11,7 @@
 
 namespace dsv4 {
 
-class CpuBackend final : public Backend {
+class CpuBackend : public Backend {
  public:
   CpuBackend();
   ~CpuBackend() override;

@@ -303,6 +303,13 @@ absl::StatusOr<Tensor> CudaBackend::CreateSyntheticQuantized(const SyntheticSpec
   return t;
 }
 
+absl::StatusOr<uint64_t> CudaBackend::FreeMemoryBytes() const {
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  size_t free_bytes = 0, total = 0;
+  CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total));
+  return static_cast<uint64_t>(free_bytes);
+}
+
 absl::StatusOr<Tensor> CudaBackend::CreatePool(DType dtype, Shape shape) {
   ASSIGN_OR_RETURN(Tensor t, AllocPersistent(dtype, shape));
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(t.data, 0, t.nbytes(), stream_.get()));

@@ -66,6 +66,9 @@ class CudaBackend final : public Backend {
   absl::StatusOr<Tensor> CreateStoredWeight(const StoredWeight& src, WeightUse use) override;
   absl::StatusOr<Tensor> CreateSyntheticWeight(const SyntheticSpec& spec, WeightUse use) override;
   absl::StatusOr<Tensor> CreatePool(DType dtype, Shape shape) override;
+  absl::StatusOr<uint64_t> FreeMemoryBytes() const override;
+  int DenseMatrixBytes() const override { return options_.matrix_dtype == DType::kBF16 ? 2 : 4; }
+  bool KeepsQuantizedMatrices() const override { return true; }
   absl::StatusOr<Tensor> Scratch(DType dtype, Shape shape) override;
   absl::Status BeginStep(const StepMeta& meta) override;
   absl::Status Mark(StepMark mark) override;

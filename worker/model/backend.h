@@ -190,6 +190,15 @@ class Backend {
   virtual absl::StatusOr<Tensor> CreateStoredWeight(const StoredWeight& src, WeightUse use);
   // A persistent weight filled in place from `spec` (no host copy of the data).
   virtual absl::StatusOr<Tensor> CreateSyntheticWeight(const SyntheticSpec& spec, WeightUse use) = 0;
+  // Bytes per element of a dense weight matrix, and whether FP8/MXFP4 matrices stay in their
+  // formats (else they cost dense bytes): what the load's memory plan counts.
+  virtual int DenseMatrixBytes() const { return 4; }
+  virtual bool KeepsQuantizedMatrices() const { return false; }
+  // Device memory still free (the CUDA backend: cudaMemGetInfo), for the load's fit check;
+  // Unimplemented where memory is the host's.
+  virtual absl::StatusOr<uint64_t> FreeMemoryBytes() const {
+    return absl::UnimplementedError("host memory");
+  }
   // A persistent zero-filled pool (KV entries, state).
   virtual absl::StatusOr<Tensor> CreatePool(DType dtype, Shape shape) = 0;
   // A scratch tensor valid until the next BeginStep().

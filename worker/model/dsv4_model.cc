@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <map>
 #include <numeric>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -206,6 +209,61 @@ class SyntheticWeights final : public WeightFactory {
   std::vector<int64_t> block_;
 };
 
+// The class a weight's bytes are counted under in the load's memory plan.
+const char* WeightClass(const std::string& name, WeightUse use) {
+  if (absl::StrContains(name, "mlp.experts.")) return "routed_experts";
+  if (absl::StrContains(name, "mlp.shared_experts.")) return "shared_expert";
+  if (absl::StrContains(name, "embed_tokens") || absl::StrContains(name, "lm_head")) {
+    return "embedding_head";
+  }
+  if (use == WeightUse::kParam) return "params";
+  if (absl::StrContains(name, "self_attn.compressor.")) return "compressor_indexer";
+  return "attention";
+}
+
+// Counts what the weights will take on a backend, allocating nothing: run through the same
+// Loader as the real load, it sees every tensor with its shape. `format_of` says how a matrix is
+// stored (checkpoint dtype, or the synthetic policy).
+class CensusWeights final : public WeightFactory {
+ public:
+  CensusWeights(std::function<QuantFormat(const std::string&)> format_of, const Backend& backend,
+                std::map<std::string, uint64_t>* bytes)
+      : format_of_(std::move(format_of)), backend_(backend), bytes_(bytes) {}
+  bool Has(const std::string& name) const override { return true; }
+  absl::StatusOr<Tensor> Get(const std::string& name, Shape shape, WeightUse use) override {
+    (*bytes_)[WeightClass(name, use)] += Bytes(name, shape, use);
+    return Dummy(shape);
+  }
+  absl::StatusOr<Tensor> Stack(const std::vector<std::string>& names, Shape part, Shape shape,
+                               WeightUse use) override {
+    return Get(names.front(), shape, use);
+  }
+  absl::StatusOr<Tensor> Index(const std::string& name, Shape shape, int32_t) override {
+    (*bytes_)["params"] += static_cast<uint64_t>(shape.numel()) * 4;
+    return Dummy(shape);
+  }
+
+ private:
+  uint64_t Bytes(const std::string& name, Shape shape, WeightUse use) const {
+    const uint64_t n = static_cast<uint64_t>(shape.numel());
+    if (use == WeightUse::kParam) return n * 4;
+    const QuantFormat f = backend_.KeepsQuantizedMatrices() ? format_of_(name) : QuantFormat::kNone;
+    if (f == QuantFormat::kFp8Block) return n + (n / (128 * 128) + 1) * 4;
+    if (f == QuantFormat::kMxfp4) return n / 2 + n / 32;
+    return n * static_cast<uint64_t>(backend_.DenseMatrixBytes());
+  }
+  static Tensor Dummy(Shape shape) {
+    static char byte;
+    Tensor t;
+    t.data = &byte;
+    t.shape = shape;
+    return t;
+  }
+  std::function<QuantFormat(const std::string&)> format_of_;
+  const Backend& backend_;
+  std::map<std::string, uint64_t>* bytes_;
+};
+
 class Loader {
  public:
   explicit Loader(WeightFactory* f) : f_(f) {}
@@ -366,11 +424,28 @@ absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Create(const ModelConfig& 
   return m;
 }
 
+namespace {
+
+// Every checkpoint weight of the model through `load` (InvFreq tables aside).
+absl::Status LoadWeightTree(const ModelConfig& config, Loader& load, Dsv4Model::Weights* w);
+
+}  // namespace
+
 absl::Status Dsv4Model::LoadWeights(WeightFactory* factory) {
   const ModelConfig& config = config_;
   Backend* be = backend_.get();
   Loader load(factory);
   auto w = std::make_unique<Weights>();
+  RETURN_IF_ERROR(LoadWeightTree(config, load, w.get()));
+  ASSIGN_OR_RETURN(w->main_inv_freq, InvFreq(be, config.main_rope, config.rope_dims));
+  ASSIGN_OR_RETURN(w->compress_inv_freq, InvFreq(be, config.compress_rope, config.rope_dims));
+  weights_ = std::move(w);
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::Status LoadWeightTree(const ModelConfig& config, Loader& load, Dsv4Model::Weights* w) {
   const int64_t D = config.hidden_size, V = config.vocab_size, n = config.hc_mult;
   ASSIGN_OR_RETURN(w->embed, load.Matrix("model.embed_tokens.weight", Shape{V, D}));
   if (config.tie_word_embeddings && !load.Has("lm_head.weight")) {
@@ -380,35 +455,98 @@ absl::Status Dsv4Model::LoadWeights(WeightFactory* factory) {
   }
   ASSIGN_OR_RETURN(w->norm, load.Param("model.norm.weight", Shape{D}));
   ASSIGN_OR_RETURN(w->hc_head, load.Hc("model.hc_head.", n, n * D, 1, "hc_fn", "hc_base", "hc_scale"));
-  ASSIGN_OR_RETURN(w->main_inv_freq, InvFreq(be, config.main_rope, config.rope_dims));
-  ASSIGN_OR_RETURN(w->compress_inv_freq, InvFreq(be, config.compress_rope, config.rope_dims));
   w->layers.resize(config.num_layers);
   for (int64_t l = 0; l < config.num_layers; ++l) {
     RETURN_IF_ERROR(load.Layer(l, config, &w->layers[l]));
   }
-  weights_ = std::move(w);
   return absl::OkStatus();
 }
 
-absl::Status Dsv4Model::AllocatePools() {
-  const ModelConfig& config = config_;
-  const CacheConfig& cc = cache_;
-  Backend* be = backend_.get();
-  caches_.resize(config.num_layers);
+}  // namespace
+
+absl::StatusOr<MemoryPlan> Dsv4Model::PlanMemory(
+    const ModelConfig& config, const CacheConfig& cache, const Backend& backend,
+    const std::function<QuantFormat(const std::string&)>& format_of) {
+  MemoryPlan plan;
+  CensusWeights census(format_of, backend, &plan.weights);
+  Loader load(&census);
+  Weights w;
+  RETURN_IF_ERROR(LoadWeightTree(config, load, &w));
+  CacheConfig cc = cache;
+  if (cc.block_size == 0) cc.block_size = DefaultBlockSize(config);
+  ForEachPool(config, cc, [&](int64_t, const char*, Shape shape) {
+    plan.pools += static_cast<uint64_t>(shape.numel()) * 4;
+  });
+  return plan;
+}
+
+uint64_t MemoryPlan::weight_bytes() const {
+  uint64_t total = 0;
+  for (const auto& [name, bytes] : weights) total += bytes;
+  return total;
+}
+
+void Dsv4Model::ForEachPool(const ModelConfig& config, const CacheConfig& cc,
+                            const std::function<void(int64_t, const char*, Shape)>& f) {
   const int64_t hd = config.head_dim;
   for (int64_t l = 0; l < config.num_layers; ++l) {
-    LayerCache& lc = caches_[l];
-    ASSIGN_OR_RETURN(lc.ring, be->CreatePool(DType::kF32, Shape{cc.num_slots, config.sliding_window, hd}));
+    f(l, "ring", Shape{cc.num_slots, config.sliding_window, hd});
     const int64_t ratio = config.Ratio(l);
     if (ratio == 0) continue;
     const int64_t overlap = config.layer_types[l] == AttnType::kCsa ? 2 : 1;
-    ASSIGN_OR_RETURN(lc.entries, be->CreatePool(DType::kF32, Shape{cc.num_blocks, cc.block_size / ratio, hd}));
-    ASSIGN_OR_RETURN(lc.comp_state, be->CreatePool(DType::kF32, Shape{cc.num_slots, CompressStateFloats(ratio, overlap, hd)}));
+    f(l, "entries", Shape{cc.num_blocks, cc.block_size / ratio, hd});
+    f(l, "comp_state", Shape{cc.num_slots, CompressStateFloats(ratio, overlap, hd)});
     if (config.layer_types[l] == AttnType::kCsa) {
       const int64_t dI = config.index_head_dim;
-      ASSIGN_OR_RETURN(lc.index_keys, be->CreatePool(DType::kF32, Shape{cc.num_blocks, cc.block_size / ratio, dI}));
-      ASSIGN_OR_RETURN(lc.index_state, be->CreatePool(DType::kF32, Shape{cc.num_slots, CompressStateFloats(ratio, 2, dI)}));
+      f(l, "index_keys", Shape{cc.num_blocks, cc.block_size / ratio, dI});
+      f(l, "index_state", Shape{cc.num_slots, CompressStateFloats(ratio, 2, dI)});
     }
+  }
+}
+
+absl::Status Dsv4Model::AllocatePools() {
+  caches_.resize(config_.num_layers);
+  absl::Status status;
+  ForEachPool(config_, cache_, [&](int64_t l, const char* kind, Shape shape) {
+    if (!status.ok()) return;
+    auto t = backend_->CreatePool(DType::kF32, shape);
+    if (!t.ok()) {
+      status = t.status();
+      return;
+    }
+    LayerCache& lc = caches_[l];
+    const std::string k = kind;
+    Tensor& dst = k == "ring" ? lc.ring : k == "entries" ? lc.entries : k == "comp_state" ? lc.comp_state
+                  : k == "index_keys" ? lc.index_keys : lc.index_state;
+    dst = *t;
+  });
+  return status;
+}
+
+// The load's memory plan: logged, and checked against the device's free memory before a byte
+// is allocated (a model that does not fit is refused with what it needs).
+absl::Status Dsv4Model::CheckFits(const MemoryPlan& plan, const Backend& backend) {
+  std::string by_class;
+  for (const auto& [name, bytes] : plan.weights) {
+    absl::StrAppend(&by_class, by_class.empty() ? "" : " ", name, "=",
+                    absl::StrFormat("%.3f", bytes / double(1ull << 30)));
+  }
+  auto free_bytes = backend.FreeMemoryBytes();
+  LogInfo("memory_plan", {{"weights_gib", plan.weight_bytes() / double(1ull << 30)},
+                          {"by_class_gib", by_class},
+                          {"state_pools_gib", plan.pools / double(1ull << 30)},
+                          {"device_free_gib", free_bytes.ok() ? *free_bytes / double(1ull << 30) : -1.0}});
+  if (!free_bytes.ok()) return absl::OkStatus();
+  // Scratch arenas, cuBLASLt workspaces, graphs and the CUDA context take the rest.
+  const uint64_t reserve = (2ull << 30) + *free_bytes / 50;
+  const uint64_t need = plan.weight_bytes() + plan.pools + reserve;
+  if (need > *free_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the model does not fit: it needs ", need >> 20, " MiB of device memory (weights ",
+        plan.weight_bytes() >> 20, " MiB, state pools ", plan.pools >> 20,
+        " MiB, scratch reserve ", reserve >> 20, " MiB) and the device has ", *free_bytes >> 20,
+        " MiB free; use fewer layers, fewer --max-num-seqs / a shorter --max-model-len, "
+        "--weight-format auto, or more GPUs"));
   }
   return absl::OkStatus();
 }
@@ -420,6 +558,14 @@ absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Load(const ModelConfig& co
                                                           const LoadOptions& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<Dsv4Model> m, Create(config, std::move(backend), cache));
   ASSIGN_OR_RETURN(WeightSource src, WeightSource::Create(&ckpt, config.quant_block));
+  ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(config, m->cache_, *m->backend_, [&](const std::string& n) {
+    if (!options.keep_formats) return QuantFormat::kNone;
+    const WeightFormat f = src.FormatOf(n);
+    return f == WeightFormat::kFp8Block ? QuantFormat::kFp8Block
+           : f == WeightFormat::kMxfp4  ? QuantFormat::kMxfp4
+                                        : QuantFormat::kNone;
+  }));
+  RETURN_IF_ERROR(CheckFits(plan, *m->backend_));
   CheckpointWeights factory(&src, m->backend_.get(), options.keep_formats);
   RETURN_IF_ERROR(m->LoadWeights(&factory));
   const auto unused = src.Unused();
@@ -439,6 +585,10 @@ absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::LoadSynthetic(const ModelC
                                                                    const CacheConfig& cache,
                                                                    const LoadOptions& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<Dsv4Model> m, Create(config, std::move(backend), cache));
+  ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(config, m->cache_, *m->backend_, [&](const std::string& n) {
+    return options.synthetic_released_formats ? ReleasedFormat(n) : QuantFormat::kNone;
+  }));
+  RETURN_IF_ERROR(CheckFits(plan, *m->backend_));
   SyntheticWeights factory(seed, m->backend_.get(), options.synthetic_released_formats,
                            config.quant_block);
   RETURN_IF_ERROR(m->LoadWeights(&factory));

@@ -15,6 +15,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -40,6 +42,14 @@ struct CacheConfig {
 int32_t DefaultBlockSize(const ModelConfig& config);
 
 // One sequence's work in a step.
+// What a model takes on its backend, counted before anything is allocated (logged as
+// `memory_plan` at load; a device that cannot hold it refuses the model).
+struct MemoryPlan {
+  std::map<std::string, uint64_t> weights;  // class (attention, routed_experts, ...) -> bytes
+  uint64_t pools = 0;                       // KV entries, rings, compressor and indexer state
+  uint64_t weight_bytes() const;
+};
+
 // How weights reach the backend.
 struct LoadOptions {
   // Matrices as the checkpoint stores them (FP8 block-scaled, MXFP4): a backend that computes with
@@ -129,7 +139,18 @@ class Dsv4Model {
   struct Weights;
   struct LayerCache;
 
+  // The memory plan of `config` with `cache` on `backend`; `format_of` says how each matrix is
+  // stored (FP8, MXFP4 or dense).
+  static absl::StatusOr<MemoryPlan> PlanMemory(
+      const ModelConfig& config, const CacheConfig& cache, const Backend& backend,
+      const std::function<QuantFormat(const std::string&)>& format_of);
+
  private:
+  // The state pools, layer by layer: f(layer, kind, shape), kind ring|entries|comp_state|
+  // index_keys|index_state (fp32).
+  static void ForEachPool(const ModelConfig& config, const CacheConfig& cache,
+                          const std::function<void(int64_t, const char*, Shape)>& f);
+  static absl::Status CheckFits(const MemoryPlan& plan, const Backend& backend);
   Dsv4Model() = default;
   static absl::StatusOr<std::unique_ptr<Dsv4Model>> Create(const ModelConfig& config,
                                                            std::unique_ptr<Backend> backend,
