@@ -341,3 +341,38 @@ TEST(CudaModel, WorkerFlagsNonFiniteLogits) {
 
 }  // namespace
 }  // namespace dsv4
+
+namespace dsv4 {
+namespace {
+
+// Configs the CPU reference runs but the CUDA kernels do not take are refused when the model
+// loads, naming the field and what is supported (never at the first step).
+TEST(CudaModel, UnsupportedConfigsAreRefusedAtLoad) {
+  DSV4_REQUIRE_GPU();
+  struct Case {
+    const char* field;
+    int64_t value;
+  };
+  for (const Case& c : {Case{"num_attention_heads", 6}, Case{"head_dim", 96}, Case{"hc_mult", 9},
+                        Case{"index_n_heads", 12}}) {
+    Json j = testing::TinyConfigJson();
+    j[c.field] = c.value;
+    if (std::string(c.field) == "num_attention_heads") j["o_groups"] = 2;  // 6 / 2 groups
+    if (std::string(c.field) == "head_dim") j["qk_rope_head_dim"] = 24;  // partial_rotary 0.25
+    auto config = ParseModelConfig(j.dump());
+    ASSERT_TRUE(config.ok()) << c.field << ": " << config.status();
+    CacheConfig cache;
+    cache.num_slots = 1;
+    cache.max_model_len = 256;
+    cache.num_blocks = 8;
+    auto cpu = Dsv4Model::LoadSynthetic(*config, 1, std::make_unique<CpuBackend>(), cache);
+    EXPECT_TRUE(cpu.ok()) << c.field << ": " << cpu.status();
+    auto gpu = Dsv4Model::LoadSynthetic(*config, 1, *CreateCudaBackend(0, Precision::kBF16), cache);
+    ASSERT_FALSE(gpu.ok()) << c.field;
+    EXPECT_NE(gpu.status().message().find(c.field), std::string::npos) << gpu.status();
+    EXPECT_NE(gpu.status().message().find("supported"), std::string::npos) << gpu.status();
+  }
+}
+
+}  // namespace
+}  // namespace dsv4

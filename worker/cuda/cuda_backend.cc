@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "common/model_config.h"
 #include "worker/checkpoint/stored_weight.h"
 #include "common/env.h"
 #include "common/status.h"
@@ -301,6 +302,36 @@ absl::StatusOr<Tensor> CudaBackend::CreateSyntheticQuantized(const SyntheticSpec
   persistent_.push_back(std::move(data));
   persistent_.push_back(std::move(scale));
   return t;
+}
+
+// The shapes the compiled kernels take (kernels/cuda/*): attention heads in groups of 4 and head
+// dims 64/128/256/512, indexer heads 4..64 (powers of two) with dims in multiples of 4, mHC
+// streams 1..8, up to 1024 experts and top-16, widths in multiples of 8 (32 for MXFP4 experts).
+absl::Status CudaBackend::Supports(const ModelConfig& c) const {
+  auto no = [](const char* field, int64_t value, const char* supported) {
+    return absl::UnimplementedError(absl::StrCat("config.json: ", field, " = ", value,
+                                                 " is not supported by the CUDA backend (",
+                                                 supported, ")"));
+  };
+  if (c.num_heads % 4 != 0) return no("num_attention_heads", c.num_heads, "multiples of 4");
+  if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256 && c.head_dim != 512) {
+    return no("head_dim", c.head_dim, "64, 128, 256 or 512");
+  }
+  if (c.HasLayerType(AttnType::kCsa)) {
+    const int64_t h = c.index_n_heads;
+    if (h != 4 && h != 8 && h != 16 && h != 32 && h != 64) {
+      return no("index_n_heads", h, "4, 8, 16, 32 or 64");
+    }
+    if (c.index_head_dim % 4 != 0) return no("index_head_dim", c.index_head_dim, "multiples of 4");
+  }
+  if (c.hc_mult < 1 || c.hc_mult > 8) return no("hc_mult", c.hc_mult, "1 to 8");
+  if (c.n_routed_experts > 1024) return no("n_routed_experts", c.n_routed_experts, "at most 1024");
+  if (c.num_experts_per_tok > 16) return no("num_experts_per_tok", c.num_experts_per_tok, "at most 16");
+  if (c.hidden_size % 32 != 0) return no("hidden_size", c.hidden_size, "multiples of 32");
+  if (c.moe_intermediate_size % 32 != 0) {
+    return no("moe_intermediate_size", c.moe_intermediate_size, "multiples of 32");
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<uint64_t> CudaBackend::FreeMemoryBytes() const {

@@ -67,6 +67,7 @@ class CudaBackend final : public Backend {
   absl::StatusOr<Tensor> CreateSyntheticWeight(const SyntheticSpec& spec, WeightUse use) override;
   absl::StatusOr<Tensor> CreatePool(DType dtype, Shape shape) override;
   absl::StatusOr<uint64_t> FreeMemoryBytes() const override;
+  absl::Status Supports(const ModelConfig& config) const override;
   int DenseMatrixBytes() const override { return options_.matrix_dtype == DType::kBF16 ? 2 : 4; }
   bool KeepsQuantizedMatrices() const override { return true; }
   absl::StatusOr<Tensor> Scratch(DType dtype, Shape shape) override;

@@ -27,6 +27,7 @@
 namespace dsv4 {
 
 struct StoredWeight;  // worker/checkpoint/stored_weight.h
+struct ModelConfig;   // common/model_config.h
 
 // Host-side description of one ragged step. Sequences own contiguous runs of tokens.
 struct StepMeta {
@@ -190,6 +191,10 @@ class Backend {
   virtual absl::StatusOr<Tensor> CreateStoredWeight(const StoredWeight& src, WeightUse use);
   // A persistent weight filled in place from `spec` (no host copy of the data).
   virtual absl::StatusOr<Tensor> CreateSyntheticWeight(const SyntheticSpec& spec, WeightUse use) = 0;
+  // OK when every op runs at `config`'s shapes; otherwise an error naming the config field and the
+  // values this backend supports (the model refuses to load: a config never fails at its first
+  // step). The CPU reference runs every valid config.
+  virtual absl::Status Supports(const ModelConfig& config) const { return absl::OkStatus(); }
   // Bytes per element of a dense weight matrix, and whether FP8/MXFP4 matrices stay in their
   // formats (else they cost dense bytes): what the load's memory plan counts.
   virtual int DenseMatrixBytes() const { return 4; }

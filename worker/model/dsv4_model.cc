@@ -395,6 +395,7 @@ Dsv4Model::~Dsv4Model() = default;
 absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Create(const ModelConfig& config,
                                                             std::unique_ptr<Backend> backend,
                                                             const CacheConfig& cache) {
+  RETURN_IF_ERROR(backend->Supports(config));
   std::unique_ptr<Dsv4Model> m(new Dsv4Model());
   m->config_ = config;
   m->backend_ = std::move(backend);
