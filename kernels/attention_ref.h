@@ -4,19 +4,10 @@
 
 #include <cstdint>
 
+#include "kernels/attention_shape.h"
 #include "kernels/ragged_batch.h"
 
 namespace dsv4 {
-
-struct AttentionShape {
-  int64_t heads = 0;       // H
-  int64_t dim = 0;         // hd (keys = values)
-  int64_t window = 0;      // W, including the current token
-  int64_t ratio = 0;       // 0: sliding layer
-  int64_t topk = 0;        // CSA: width of `selected`
-  bool dense_compressed = false;  // HCA: attend to every visible entry
-  float scale = 1;
-};
 
 // q [T, H, hd]; kv [T, hd] (this step's keys); ring [slots, W, hd] (earlier keys at pos mod W);
 // entries [blocks, bs/m, hd] or null; selected [T, topk] (CSA) or null; sinks [H]; out [T, H, hd].

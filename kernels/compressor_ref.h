@@ -4,18 +4,10 @@
 
 #include <cstdint>
 
+#include "kernels/compressor_shape.h"
 #include "kernels/ragged_batch.h"
 
 namespace dsv4 {
-
-struct CompressorShape {
-  int64_t ratio = 0;     // m
-  int64_t overlap = 1;   // c: 2 = CSA (entry w pools window w-1's first halves and window w's
-                         // second halves), 1 = HCA
-  int64_t dim = 0;       // d
-  int64_t rope_dims = 0;
-  float norm_eps = 1e-6f;
-};
 
 // State layout per slot (floats): open_a [m, c*d] | open_z [m, c*d] | (c == 2) prev_a [m, d] |
 // prev_zb [m, d] (previous window's first-half logits with the position bias added).

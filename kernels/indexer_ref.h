@@ -3,18 +3,10 @@
 
 #include <cstdint>
 
+#include "kernels/indexer_shape.h"
 #include "kernels/ragged_batch.h"
 
 namespace dsv4 {
-
-struct IndexerShape {
-  int64_t heads = 0;      // nI
-  int64_t dim = 0;        // dI
-  int64_t ratio = 4;      // m
-  int64_t topk = 0;
-  float weight_scale = 1; // nI^-0.5
-  float score_scale = 1;  // dI^-0.5
-};
 
 // q [T, nI, dI] (roped), w [T, nI] (weights_proj output, unscaled), keys [blocks, bs/m, dI].
 // out [T, topk]: for each token at position p the selected entry indices, ascending, -1 padded.

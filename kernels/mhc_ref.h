@@ -2,17 +2,9 @@
 #pragma once
 
 #include <cstdint>
+#include "kernels/mhc_shape.h"
 
 namespace dsv4 {
-
-struct HcShape {
-  int64_t tokens = 0;
-  int64_t n = 4;        // hc_mult
-  int64_t dim = 0;      // D
-  int64_t sinkhorn_iters = 20;
-  float hc_eps = 1e-6f;
-  float norm_eps = 1e-6f;
-};
 
 // hs [T, n, D]; fn [(2+n)n, nD]; base [(2+n)n]; scale [3].
 // Outputs collapsed [T, D], post [T, n], comb [T, n, n] (comb[j][k], the Sinkhorn-normalised

@@ -9,12 +9,13 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "kernels/attention_ref.h"
+#include "kernels/attention_shape.h"
 #include "kernels/ragged_batch.h"
 
 namespace dsv4::cuda {
 
-// The CPU reference's shape (kernels/attention_ref.h) plus the split-KV bound.
+// The problem descriptor shared with the CPU reference (kernels/attention_shape.h) plus the
+// split-KV bound.
 struct AttentionDims : ::dsv4::AttentionShape {
   int64_t max_keys = 0;  // bound on any token's keys (window + compressed): sizes the split-KV
   // bf16 precision: q and the keys are rounded to bf16 and both products (S = Q K^T, O = P V) run

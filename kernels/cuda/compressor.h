@@ -7,12 +7,12 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "kernels/compressor_ref.h"
+#include "kernels/compressor_shape.h"
 #include "kernels/ragged_batch.h"
 
 namespace dsv4::cuda {
 
-// The CPU reference's shape struct (kernels/compressor_ref.h): one definition for both.
+// The problem descriptor shared with the CPU reference (kernels/compressor_shape.h).
 using CompressorDims = ::dsv4::CompressorShape;
 
 // a, z [T, c*d]; bias [m, c*d]; norm_w [d]; inv_freq [rd/2]; state [slots, state floats];

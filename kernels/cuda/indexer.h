@@ -8,12 +8,12 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "kernels/indexer_ref.h"
+#include "kernels/indexer_shape.h"
 #include "kernels/ragged_batch.h"
 
 namespace dsv4::cuda {
 
-// The CPU reference's shape struct (kernels/indexer_ref.h): one definition for both.
+// The problem descriptor shared with the CPU reference (kernels/indexer_shape.h).
 using IndexerDims = ::dsv4::IndexerShape;
 
 // Fills out[t] with the first min(V_t, topk) entries (the short-context shortcut, valid only when

@@ -6,11 +6,11 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "kernels/mhc_ref.h"
+#include "kernels/mhc_shape.h"
 
 namespace dsv4::cuda {
 
-// The CPU reference's shape struct (kernels/mhc_ref.h): one definition for both.
+// The problem descriptor shared with the CPU reference (kernels/mhc_shape.h).
 using HcDims = ::dsv4::HcShape;
 
 // The mixing projections come first, un-normalised: mix = flatten(hs) · fnᵀ (rows = (2+n)n for
