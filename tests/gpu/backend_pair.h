@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -23,6 +24,13 @@ namespace dsv4::testing {
     if (!n_.ok()) GTEST_SKIP() << "no CUDA: " << n_.status();                      \
     if (*n_ < 1) GTEST_SKIP() << "no CUDA device";                                 \
   } while (0)
+
+// Whether synthetic test models keep the released formats (FP8 projections, MXFP4 experts; the
+// default) or are dense: DSV4_TEST_WEIGHT_FORMAT=auto|bf16, so that the GPU suites run both ways.
+inline bool TestKeepsFormats() {
+  const char* v = std::getenv("DSV4_TEST_WEIGHT_FORMAT");
+  return v == nullptr || std::string(v) != "bf16";
+}
 
 inline std::vector<float> RandomVec(int64_t n, uint32_t seed, float lo = -1, float hi = 1) {
   std::mt19937 rng(seed);

@@ -39,6 +39,7 @@ Pair MakeWorkers(int slots, const CudaGraphOptions& graph_options, Precision pre
   p.cache.block_size = DefaultBlockSize(p.config);
   p.cache.num_blocks = slots * (kMaxLen / DefaultBlockSize(p.config));
   WeightsSpec weights;
+  weights.keep_formats = testing::TestKeepsFormats();
   weights.synthetic = true;
   weights.seed = 21;
   auto g =
@@ -428,6 +429,7 @@ absl::StatusOr<TinyRun> MakeTinyRun(const CudaGraphOptions& options = {}, int sl
   cache.max_model_len = 256;
   cache.num_blocks = slots * (256 / DefaultBlockSize(config));
   WeightsSpec weights;
+  weights.keep_formats = testing::TestKeepsFormats();
   weights.synthetic = true;
   TinyRun t;
   ASSIGN_OR_RETURN(t.worker, CreateWorker(DeviceChoice{true, 0}, Precision::kFP32, config, weights,
