@@ -241,8 +241,11 @@ __global__ void __launch_bounds__(kGemmThreads) GroupedGemvKernel(
         }
 #pragma unroll
         for (int r = 0; r < kRowsPerWarp; ++r) {
+          // (Rows past the end dequantise row 0's scales against their zero words: in bounds,
+          // never stored.)
+          const int64_t row = row_base + r;
           float wv[kVec];
-          P::Dequant(we, row_base + r, k_in, k0 + c, raw[r], wv);
+          P::Dequant(we, row < n_out ? row : 0, k_in, k0 + c, raw[r], wv);
           // Only the group's real assignments (decode groups are mostly one or two), with
           // 16-byte shared-memory reads.
 #pragma unroll
@@ -470,8 +473,8 @@ struct Mxfp4Weights {
   static constexpr int kKBlock = 128;
   static constexpr int kWords = 4;
   static constexpr bool kLaneEnd = true;
-  static constexpr int kUnroll = 4;
-  static constexpr int kWideUnroll = 2;
+  static constexpr int kUnroll = 2;
+  static constexpr int kWideUnroll = 1;
   struct Row {
     const uint4* w;
     const uint8_t* s;
@@ -524,8 +527,8 @@ struct Fp8Weights {
   static constexpr int kKBlock = 64;
   static constexpr int kWords = 2;
   static constexpr bool kLaneEnd = true;
-  static constexpr int kUnroll = 4;
-  static constexpr int kWideUnroll = 2;
+  static constexpr int kUnroll = 2;
+  static constexpr int kWideUnroll = 1;
   struct Row {
     const uint4* w;
     const float* s;  // the row's scale row
