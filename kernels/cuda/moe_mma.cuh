@@ -777,7 +777,44 @@ __global__ void __launch_bounds__(kMmaThreads, kWideBlocksPerSm)
         return (kb * groups + j / kMmaTokens) * 32 + (j % kMmaTokens) * 4 + q;
       });
       __syncthreads();
-      if (live) {
+      if constexpr (kW > 1) {
+        // Quantised formats: two batches alternate, as in ExpertMmaKernel; the batch after the
+        // one in use is requested first (the rest of this chunk, the next chunk, or the next
+        // pass's first chunk, as below).
+        if (live) {
+          typename P::Raw lo2[kWideUnroll], hi2[kWideUnroll];
+          auto use = [&](const typename P::Raw(&l)[kWideUnroll],
+                         const typename P::Raw(&h)[kWideUnroll], int kb) {
+#pragma unroll
+            for (int u = 0; u < kWideUnroll; ++u) {
+              if (kb + u < c1) {
+#pragma unroll
+                for (int t = 0; t < kW; ++t) {
+                  const uint4* xs = sx + (((kb + u - c0) * kW + t) * groups) * 32 + lane;
+                  const uint4 a_lo = P::Expand(l[u], t), a_hi = P::Expand(h[u], t);
+#pragma unroll
+                  for (int g = 0; g < kWideGroups; ++g) {
+                    if (g < groups) MmaWord(acc[g], a_lo, a_hi, xs[g * 32]);
+                  }
+                }
+              }
+            }
+          };
+          for (int kb = c0; kb < c1; kb += 2 * kWideUnroll) {
+            const bool second = kb + kWideUnroll < c1;
+            if (second) LoadWeightBatch<P>(lo2, hi2, mt, kb + kWideUnroll, c1);
+            use(lo, hi, kb);
+            if (kb + 2 * kWideUnroll < c1) {
+              load_batch(kb + 2 * kWideUnroll, c1);
+            } else if (c1 < kblocks) {
+              load_batch(c1, c1 + chunk < kblocks ? c1 + chunk : kblocks);
+            } else if (p0 + kWideTokens < a1) {
+              load_batch(0, chunk_of(pass_size(p0 + kWideTokens)));
+            }
+            if (second) use(lo2, hi2, kb + kWideUnroll);
+          }
+        }
+      } else if (live) {
         // The batch at kb is in lo/hi on entry to each iteration.
         for (int kb = c0; kb < c1; kb += kWideUnroll) {
 #pragma unroll
@@ -895,7 +932,40 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     __syncthreads();
 
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (live) {
+    if constexpr (kW > 1) {
+      // Quantised formats: two batches alternate. Their expansion takes long enough that the
+      // next batch must already be in flight while a batch is used, so the batch after the one
+      // in use is requested first (after the group's last batch: the next group's first).
+      if (live) {
+        const uint4* xs = sx + lane;
+        const bool more_groups = g0 + kMmaTokens < a1;
+        typename P::Raw lo2[kUnroll], hi2[kUnroll];
+        auto use = [&](const typename P::Raw(&l)[kUnroll], const typename P::Raw(&h)[kUnroll],
+                       int kb) {
+#pragma unroll
+          for (int u = 0; u < kUnroll; ++u) {
+            if (kb + u < kb_end) {
+#pragma unroll
+              for (int t = 0; t < kW; ++t) {
+                MmaWord(acc, P::Expand(l[u], t), P::Expand(h[u], t),
+                        xs[((kb + u) * kW + t) * 32]);
+              }
+            }
+          }
+        };
+        for (int kb = kb_begin; kb < kb_end; kb += 2 * kUnroll) {
+          const bool second = kb + kUnroll < kb_end;
+          if (second) LoadWeightBatch<P>(lo2, hi2, mt, kb + kUnroll, kb_end);
+          use(lo, hi, kb);
+          if (kb + 2 * kUnroll < kb_end) {
+            load_batch(kb + 2 * kUnroll);
+          } else if (more_groups) {
+            load_batch(kb_begin);
+          }
+          if (second) use(lo2, hi2, kb + kUnroll);
+        }
+      }
+    } else if (live) {
       const uint4* xs = sx + lane;
       const bool more_groups = g0 + kMmaTokens < a1;
       // The batch at kb is in lo/hi on entry to each iteration.
