@@ -65,14 +65,14 @@ absl::Status RunExpertFma(const ExpertsDims& d, const float* u, const float* wei
   constexpr int kRows = kMoeRowsPerWarp * kWarps;
   const dim3 grid_gu(static_cast<unsigned>((n_gu + kRows - 1) / kRows), max_active);
   const dim3 grid_down(static_cast<unsigned>((d.dim + kRows - 1) / kRows), max_active);
-  GroupedGemvKernel<R, kMoeRowsPerWarp><<<grid_gu, kGemmThreads, 0, stream>>>(
-      u, d.dim, true, d.top_k, gate_up, n_gu, d.dim, w.order, w.offsets, w.active, w.num_active,
-      0, w.gu);
+  GroupedGemvKernel<R, kMoeRowsPerWarp>
+      <<<grid_gu, kGemmThreads, 0, stream>>>(u, d.dim, true, d.top_k, gate_up, n_gu, d.dim, w.order,
+                                             w.offsets, w.active, w.num_active, 0, w.gu);
   CUDA_RETURN_IF_LAUNCH_ERROR();
   RETURN_IF_ERROR(SwiGlu(w.gu, a, d.inter, d.swiglu_limit, w.h, stream));
-  GroupedGemvKernel<R, kMoeRowsPerWarp><<<grid_down, kGemmThreads, 0, stream>>>(
-      w.h, d.inter, false, d.top_k, down, d.dim, d.inter, w.order, w.offsets, w.active,
-      w.num_active, 0, w.y);
+  GroupedGemvKernel<R, kMoeRowsPerWarp>
+      <<<grid_down, kGemmThreads, 0, stream>>>(w.h, d.inter, false, d.top_k, down, d.dim, d.inter,
+                                               w.order, w.offsets, w.active, w.num_active, 0, w.y);
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return CombineAssignments(d, w.y, w.position, weights, out, stream);
 }
@@ -207,8 +207,9 @@ __device__ __forceinline__ void GateUpBlock(const MoeDecodeArgs& a, const typena
   __syncthreads();
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (valid) {
-    DecodeTile<P>(mt, kb0, kb1, lo, hi,
-                  [&](int kb, int t) { return sx[(kb * P::kWords + t) * 4 + quad]; }, acc);
+    DecodeTile<P>(
+        mt, kb0, kb1, lo, hi, [&](int kb, int t) { return sx[(kb * P::kWords + t) * 4 + quad]; },
+        acc);
   }
   // Every column holds the token: c0 = gate row grp, c2 = up row grp (of column 8 ct + grp).
   if (quad == 0) red[warp][grp] = make_float2(acc[0], acc[2]);
@@ -273,11 +274,13 @@ __device__ __forceinline__ void DownWarp(const MoeDecodeArgs& a, const typename 
   if (!valid) return;
   const float* h = shared && a.shared_h != nullptr ? a.shared_h : a.h + slot * a.inter;
   const int words = (kb1 - kb0) * P::kWords * 4;
-  for (int i = lane; i < words; i += 32) sxw[i] = P::StageX(h, kb0 * P::kWords + (i >> 2), i & 3, a.inter);
+  for (int i = lane; i < words; i += 32) {
+    sxw[i] = P::StageX(h, kb0 * P::kWords + (i >> 2), i & 3, a.inter);
+  }
   __syncwarp();
-  DecodeTile<P>(mt, kb0, kb1, lo, hi,
-                [&](int kb, int t) { return sxw[((kb - kb0) * P::kWords + t) * 4 + quad]; },
-                acc);
+  DecodeTile<P>(
+      mt, kb0, kb1, lo, hi,
+      [&](int kb, int t) { return sxw[((kb - kb0) * P::kWords + t) * 4 + quad]; }, acc);
 }
 
 // Block b: output rows 16 b .. 16 b + 15. Warp s < top_k: routed slot s (format RP, all of I);
@@ -335,17 +338,17 @@ template <>
 bool DecodeRoutedFits<Mxfp4Weights>(const MoeDecodeArgs& a, const QuantExperts& w) {
   const Mxfp4Matrix &gu = w.fp4_gate_up, &dn = w.fp4_down;
   return gu.w != nullptr && gu.scale != nullptr && dn.w != nullptr && dn.scale != nullptr &&
-         gu.rows == a.experts * 2 * a.inter && gu.cols == a.dim &&
-         dn.rows == a.experts * a.dim && dn.cols == a.inter && a.dim % 32 == 0 &&
-         a.inter % 32 == 0 && Aligned16(gu.w) && Aligned16(dn.w);
+         gu.rows == a.experts * 2 * a.inter && gu.cols == a.dim && dn.rows == a.experts * a.dim &&
+         dn.cols == a.inter && a.dim % 32 == 0 && a.inter % 32 == 0 && Aligned16(gu.w) &&
+         Aligned16(dn.w);
 }
 template <>
 bool DecodeRoutedFits<Fp8Weights>(const MoeDecodeArgs& a, const QuantExperts& w) {
   const Fp8Matrix &gu = w.fp8_gate_up, &dn = w.fp8_down;
   return gu.w != nullptr && gu.scale != nullptr && dn.w != nullptr && dn.scale != nullptr &&
-         gu.rows == a.experts * 2 * a.inter && gu.cols == a.dim &&
-         dn.rows == a.experts * a.dim && dn.cols == a.inter && Fp8MmaFits(gu) &&
-         Fp8MmaFits(dn) && Aligned16(gu.w) && Aligned16(dn.w);
+         gu.rows == a.experts * 2 * a.inter && gu.cols == a.dim && dn.rows == a.experts * a.dim &&
+         dn.cols == a.inter && Fp8MmaFits(gu) && Fp8MmaFits(dn) && Aligned16(gu.w) &&
+         Aligned16(dn.w);
 }
 
 // Largest dynamic shared memory the decode kernels ask for (the H200 allows 227 KiB a block).
@@ -366,8 +369,8 @@ absl::Status LaunchDecode(const MoeDecodeArgs& a, const QuantExperts& w,
       has_shared && a.shared_h == nullptr
           ? static_cast<unsigned>((col_tiles + kSharedTiles - 1) / kSharedTiles)
           : 0;
-  const size_t gu_smem = sizeof(uint4) * static_cast<size_t>(std::max(
-                                               DecodeWords<RP>(a.dim), DecodeWords<SP>(a.dim)));
+  const size_t gu_smem =
+      sizeof(uint4) * static_cast<size_t>(std::max(DecodeWords<RP>(a.dim), DecodeWords<SP>(a.dim)));
   // Down: one warp per routed slot and the shared expert's warps (its bytes over the routed
   // expert's: 4 for bf16 over MXFP4), each with its own staged words.
   const int shared_warps = has_shared ? std::max(1, kBytesPer2<SP> / kBytesPer2<RP>) : 0;
@@ -383,9 +386,9 @@ absl::Status LaunchDecode(const MoeDecodeArgs& a, const QuantExperts& w,
                                             static_cast<int>(gu_smem)));
   CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(down, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(dn_smem)));
-  CUDA_RETURN_IF_ERROR(LaunchPdl(gate_up, dim3(routed_blocks + shared_blocks),
-                                 dim3(kDecodeThreads), gu_smem, stream, a, Routed<RP>(w, true),
-                                 shared_gu, routed_blocks));
+  CUDA_RETURN_IF_ERROR(LaunchPdl(gate_up, dim3(routed_blocks + shared_blocks), dim3(kDecodeThreads),
+                                 gu_smem, stream, a, Routed<RP>(w, true), shared_gu,
+                                 routed_blocks));
   CUDA_RETURN_IF_ERROR(LaunchPdl(
       down, dim3(static_cast<unsigned>((a.dim + kDownRows - 1) / kDownRows)), dim3(warps * 32),
       dn_smem, stream, a, Routed<RP>(w, false), shared_dn, shared_warps, warp_words));
@@ -398,9 +401,9 @@ absl::Status DecodeFor(const MoeDecodeArgs& a, const QuantExperts& w, const Fp8M
   if (sgu != nullptr) {
     return LaunchDecode<RP, Fp8Weights>(a, w, *sgu, *sdn, true, stream);
   }
-  return LaunchDecode<RP, Bf16Weights>(
-      a, w, static_cast<const __nv_bfloat16*>(a.shared_gate_up),
-      static_cast<const __nv_bfloat16*>(a.shared_down), a.shared_gate_up != nullptr, stream);
+  return LaunchDecode<RP, Bf16Weights>(a, w, static_cast<const __nv_bfloat16*>(a.shared_gate_up),
+                                       static_cast<const __nv_bfloat16*>(a.shared_down),
+                                       a.shared_gate_up != nullptr, stream);
 }
 
 }  // namespace
@@ -431,8 +434,7 @@ absl::Status MoeExpertsQuant(const ExpertsDims& d, const float* u, const int32_t
     }
     const bool mma_ok = Fp8MmaFits(w.fp8_gate_up) && Fp8MmaFits(w.fp8_down);
     return RunQuantExperts<Fp8Weights, Fp8Rows<false>, Fp8Rows<true>>(
-        d, u, idx, weights, w.fp8_gate_up, w.fp8_down, exact, mma_ok, wide, workspace, out,
-        stream);
+        d, u, idx, weights, w.fp8_gate_up, w.fp8_down, exact, mma_ok, wide, workspace, out, stream);
   }
   return absl::InvalidArgumentError("MoeExpertsQuant: the experts are not MXFP4 or FP8");
 }
@@ -441,7 +443,7 @@ bool MoeDecodeQuantFits(const MoeDecodeArgs& a, const QuantExperts& w) {
   // One slot is kept for a shared expert in FP8, which this call does not see (a.shared_gate_up
   // is only the bf16 one).
   const bool shared_bf16 = a.shared_gate_up != nullptr;
-  const bool routed = w.format == QuantFormat::kMxfp4   ? DecodeRoutedFits<Mxfp4Weights>(a, w)
+  const bool routed = w.format == QuantFormat::kMxfp4      ? DecodeRoutedFits<Mxfp4Weights>(a, w)
                       : w.format == QuantFormat::kFp8Block ? DecodeRoutedFits<Fp8Weights>(a, w)
                                                            : false;
   return routed && a.dim > 0 && a.inter > 0 && a.experts >= 1 && a.top_k >= 1 &&
@@ -465,9 +467,8 @@ absl::Status MoeDecodeQuant(const MoeDecodeArgs& a, const QuantExperts& w,
     const Fp8Matrix* dn = shared_down_fp8;
     if (gu == nullptr || dn == nullptr || a.shared_gate_up != nullptr || gu->w == nullptr ||
         gu->scale == nullptr || dn->w == nullptr || dn->scale == nullptr ||
-        gu->rows != 2 * a.inter || gu->cols != a.dim || dn->rows != a.dim ||
-        dn->cols != a.inter || !Fp8MmaFits(*gu) || !Fp8MmaFits(*dn) || !Aligned16(gu->w) ||
-        !Aligned16(dn->w)) {
+        gu->rows != 2 * a.inter || gu->cols != a.dim || dn->rows != a.dim || dn->cols != a.inter ||
+        !Fp8MmaFits(*gu) || !Fp8MmaFits(*dn) || !Aligned16(gu->w) || !Aligned16(dn->w)) {
       return absl::InvalidArgumentError(
           "MoeDecodeQuant: an FP8 shared expert needs both matrices, [2I, D] and [D, I], with "
           "scale blocks a power-of-two multiple of 64 columns wide");

@@ -44,7 +44,8 @@ StoredWeight RandomPart(WeightFormat format, int64_t rows, int64_t cols, std::mt
       for (size_t b = 0; b < 4 && i + b < w.data.size(); ++b) w.data[i + b] = r >> (8 * b);
     }
     w.scale_e8m0.resize(static_cast<size_t>(rows * cols / 32));
-    for (auto& s : w.scale_e8m0) s = static_cast<uint8_t>(kScaleLo + rng() % (kScaleHi - kScaleLo + 1));
+    for (auto& s : w.scale_e8m0)
+      s = static_cast<uint8_t>(kScaleLo + rng() % (kScaleHi - kScaleLo + 1));
   } else {
     // e4m3 bytes but the two NaNs (0x7f, 0xff); fp32 block scales (not powers of two: the GPU's
     // bf16 rounding of e4m3 x scale is exercised) keeping |W| <= 448 x 2^-11.
@@ -77,10 +78,9 @@ StoredExperts RandomExperts(WeightFormat format, int64_t experts, int64_t dim, i
     gu.push_back(RandomPart(format, inter, dim, rng));  // w3
     dn.push_back(RandomPart(format, dim, inter, rng));  // w2
   }
-  auto g = StackParts(std::move(gu), experts == 0 ? Shape{2 * inter, dim}
-                                                  : Shape{experts, 2 * inter, dim});
-  auto d = StackParts(std::move(dn), experts == 0 ? Shape{dim, inter}
-                                                  : Shape{experts, dim, inter});
+  auto g = StackParts(std::move(gu),
+                      experts == 0 ? Shape{2 * inter, dim} : Shape{experts, 2 * inter, dim});
+  auto d = StackParts(std::move(dn), experts == 0 ? Shape{dim, inter} : Shape{experts, dim, inter});
   EXPECT_TRUE(g.ok() && d.ok());
   return StoredExperts{*std::move(g), *std::move(d)};
 }
@@ -309,8 +309,8 @@ TEST(CudaMoeQuant, WideKernelGivesTheSameBits) {
       float max_abs = 0;
       for (float v : outs[0][i]) max_abs = std::max(max_abs, std::fabs(v));
       EXPECT_GT(max_abs, 0.0f) << "case " << i;  // the products ran
-      EXPECT_EQ(0, std::memcmp(outs[0][i].data(), outs[1][i].data(),
-                               outs[0][i].size() * sizeof(float)))
+      EXPECT_EQ(
+          0, std::memcmp(outs[0][i].data(), outs[1][i].data(), outs[0][i].size() * sizeof(float)))
           << "case " << i;
     }
   }
