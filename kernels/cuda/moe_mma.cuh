@@ -375,7 +375,7 @@ __device__ __forceinline__ uint32_t MulBf16x2(uint32_t a, uint32_t b) {
 // bf16 pair (2^(s-127), 2^(s-127)) of a UE8M0 scale byte: the exponent field is s itself; s = 0
 // (2^-127) is the bf16 subnormal 0x0040 (s = 255, NaN in the format, reads as infinity here).
 __device__ __forceinline__ uint32_t E8M0Bf16x2(uint32_t s) {
-  return s == 0 ? 0x00400040u : (s << 7) | (s << 23);
+  return s == 0 ? 0x00400040u : s * 0x00800080u;  // s << 7 in both halves
 }
 
 // bf16 2^126 twice: what the e2m1 codes placed in bf16 bits below are multiplied by.
