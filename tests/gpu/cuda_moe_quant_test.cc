@@ -173,12 +173,13 @@ void CompareExperts(Precision prec, WeightFormat format, const Case& c,
       SCOPED_TRACE(::testing::Message() << "T=" << T << " " << SharedName(s));
       MoeWeights wc{gate_up.c, down.c, Tensor{}, Tensor{}, Tensor{}};
       MoeWeights wg{gate_up.g, down.g, Tensor{}, Tensor{}, Tensor{}};
-      if (s == Shared::kDense) {
-        wc.shared_gate_up = s_gu.c, wc.shared_down = s_dn.c;
-        wg.shared_gate_up = s_gu.g, wg.shared_down = s_dn.g;
-      } else if (s == Shared::kFp8) {
-        wc.shared_gate_up = s_gu8.c, wc.shared_down = s_dn8.c;
-        wg.shared_gate_up = s_gu8.g, wg.shared_down = s_dn8.g;
+      if (s != Shared::kNone) {
+        const Both& sgu = s == Shared::kDense ? s_gu : s_gu8;
+        const Both& sdn = s == Shared::kDense ? s_dn : s_dn8;
+        wc.shared_gate_up = sgu.c;
+        wc.shared_down = sdn.c;
+        wg.shared_gate_up = sgu.g;
+        wg.shared_down = sdn.g;
       }
       Both out = p.Scratch(DType::kF32, Shape{T, c.dim});
       ASSERT_TRUE(p.cpu.MoeExperts(u.c, ix.c, w.c, wc, kLimit, out.c).ok());
