@@ -424,8 +424,11 @@ __device__ __forceinline__ uint4 Fp8Bf16x8(uint32_t lo, uint32_t hi, float scale
 //   kLaneEnd         whether the last k block can be partial (then some lanes' words are past
 //                    K: LaneBlocks says how many k blocks a lane's quad index has)
 //   kUnroll          k blocks per batch in the 8-token kernel, kWideUnroll in the wide kernel
-//   Row / Raw        a lane's stream of one weight row / one loaded k block of it
-//   MakeRow, Load, Zero, Expand(raw, t): the bf16 word t of a loaded k block
+//                    (quantised formats: two batches alternate, the next one in flight while
+//                    a batch is expanded; their sizes keep the kernels free of spills)
+//   Expert / Row / Raw  one expert's weight (ExpertOf), a lane's stream of one of its rows
+//                    (MakeRow), one loaded k block of a row (Load, Zero)
+//   Expand(raw, t)   the bf16 word t of a loaded k block
 //   StageX(x_row, v, q, k_in): the activations' bf16 word of virtual k block v for quad lane q
 //                    in the pairing Expand produces (zeros past k_in)
 //   Blocks(k_in)     k blocks of a row
