@@ -3,7 +3,8 @@
 // ceilings: HBM measured here by a streaming add over 3 GiB, bf16 dense taken as 790 TFLOP/s.
 // Times are wall clock per call over many back-to-back launches on the backend's stream, closed
 // by a synchronising copy (launch overhead included: that is what an eager step pays).
-//   dsv4_gpu_kernels_bench [--iters N] [--precision bf16|fp32] [--decode-only] [--fp8-only]
+//   dsv4_gpu_kernels_bench [--iters N] [--precision bf16|fp32] [--decode-only | --fp8-only |
+//                          --moe-quant-only]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -215,10 +216,105 @@ void Fp8Rows(Ctx& c, const char* dense_tag, double wb) {
   }
 }
 
+// ---- MoE with MXFP4 routed experts (the release's format, kernels/cuda/moe_quant.h) ----
+//
+// Flash shapes: 256 experts, top-6, D = 4096, I = 2048, random e2m1 codes and UE8M0 scales
+// (2^-8 .. 2^-4). GB/s counts the quantised bytes each call must read at least once: the codes
+// and scales of the distinct experts its tokens touch (+ the bf16 shared expert where present),
+// against the HBM ceiling above; the bf16 experts' rows (moe_experts) are the comparison.
+
+// A random MXFP4 matrix of `shape` (rows = all dims but the last): splitmix64 bytes, fast for
+// the 3 GiB of Flash's experts.
+StoredWeight RandomMxfp4(Shape shape, uint64_t seed) {
+  StoredWeight w;
+  w.name = "bench.mxfp4";
+  w.format = WeightFormat::kMxfp4;
+  w.shape = shape;
+  uint64_t state = seed;
+  auto next = [&state] {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  w.data.resize(static_cast<size_t>(shape.numel() / 2));
+  for (size_t i = 0; i < w.data.size(); i += 8) {
+    const uint64_t r = next();
+    std::memcpy(w.data.data() + i, &r, std::min<size_t>(8, w.data.size() - i));
+  }
+  w.scale_e8m0.resize(static_cast<size_t>(shape.numel() / 32));
+  for (auto& b : w.scale_e8m0) b = static_cast<uint8_t>(119 + next() % 5);
+  return w;
+}
+
+// `bf16_rows`: the bf16 experts' rows too, at the same routing (--moe-quant-only, where the
+// general MoE section does not run).
+void QuantMoeRows(Ctx& c, double wb, bool bf16_rows) {
+  Backend& be = *c.be;
+  constexpr int64_t E = 256, D = 4096, I = 2048, K = 6;
+  auto gate_up = be.CreateStoredWeight(RandomMxfp4(Shape{E, 2 * I, D}, 31), WeightUse::kMatrix);
+  auto down = be.CreateStoredWeight(RandomMxfp4(Shape{E, D, I}, 32), WeightUse::kMatrix);
+  if (!gate_up.ok() || !down.ok()) {
+    std::fprintf(stderr, "MXFP4 experts: %s\n",
+                 (gate_up.ok() ? down.status() : gate_up.status()).ToString().c_str());
+    std::exit(1);
+  }
+  // Codes and scales of one expert: 3 D I / 2 bytes of nibbles, 3 D I / 32 of UE8M0.
+  const double expert_bytes = 3.0 * D * I / 2 + 3.0 * D * I / 32;
+  const MoeWeights routed{*gate_up, *down, Tensor{}, Tensor{}, Tensor{}};
+  MoeWeights bf16_experts;
+  if (bf16_rows) {
+    bf16_experts.gate_up = Rand(c.be, Shape{E, 2 * I, D}, 12, 0.02f, WeightUse::kMatrix);
+    bf16_experts.down = Rand(c.be, Shape{E, D, I}, 13, 0.02f, WeightUse::kMatrix);
+  }
+  MoeWeights with_shared = routed;
+  with_shared.shared_gate_up = Rand(c.be, Shape{2 * I, D}, 33, 0.02f, WeightUse::kMatrix);
+  with_shared.shared_down = Rand(c.be, Shape{D, I}, 34, 0.02f, WeightUse::kMatrix);
+  StepMeta meta;
+  for (int32_t T : {1, 8, 64, 256, 1024}) {
+    // Decode batches: T sequences of one token; the prefill: one sequence of 1024.
+    if (T <= 256) {
+      Meta(c.be, &meta, T, 100, 1, 128);
+    } else {
+      Meta(c.be, &meta, 1, 0, T, 128);
+    }
+    // Distinct random experts per token (the bf16 rows' routing).
+    std::vector<int32_t> ids(static_cast<size_t>(T * K));
+    std::mt19937 rng(15);
+    for (int32_t t = 0; t < T; ++t) {
+      std::vector<int32_t> e(E);
+      std::iota(e.begin(), e.end(), 0);
+      std::shuffle(e.begin(), e.end(), rng);
+      std::copy(e.begin(), e.begin() + K, ids.begin() + t * K);
+    }
+    int distinct = 0;
+    {
+      std::vector<char> seen(E, 0);
+      for (int32_t e : ids) distinct += seen[e] ? 0 : (seen[e] = 1);
+    }
+    Tensor idx = *be.Scratch(DType::kI32, Shape{T, K});
+    Tensor wts = Rand(c.be, Shape{T, K}, 35, 1.0f);
+    (void)be.CopyFromHost(ids.data(), idx);
+    Tensor u = *be.Scratch(DType::kF32, Shape{T, D}), out = *be.Scratch(DType::kF32, Shape{T, D});
+    const std::string sh = "T=" + std::to_string(T) + " distinct=" + std::to_string(distinct);
+    double t = Time(c, [&] { return be.MoeExperts(u, idx, wts, routed, 10.0f, out); }, out);
+    Row(c, "moe_mxfp4", sh, t, distinct * expert_bytes, 6.0 * T * K * D * I, wb == 2);
+    if (bf16_rows) {
+      t = Time(c, [&] { return be.MoeExperts(u, idx, wts, bf16_experts, 10.0f, out); }, out);
+      Row(c, "moe_experts", sh, t, distinct * 3.0 * D * I * wb, 6.0 * T * K * D * I, wb == 2);
+    }
+    if (T == 1) {
+      t = Time(c, [&] { return be.MoeExperts(u, idx, wts, with_shared, 10.0f, out); }, out);
+      Row(c, "moe_mxfp4+shared", sh + " + shared", t,
+          distinct * expert_bytes + 3.0 * D * I * wb, 6.0 * (K + 1) * D * I, wb == 2);
+    }
+  }
+}
+
 int Main(int argc, char** argv) {
   Ctx c;
   Precision prec = Precision::kBF16;
-  bool decode_only = false, fp8_only = false;
+  bool decode_only = false, fp8_only = false, moe_quant_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) c.iters = std::max(1, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--precision") && i + 1 < argc) {
@@ -229,9 +325,12 @@ int Main(int argc, char** argv) {
       decode_only = true;
     } else if (!std::strcmp(argv[i], "--fp8-only")) {
       fp8_only = true;
+    } else if (!std::strcmp(argv[i], "--moe-quant-only")) {
+      moe_quant_only = true;
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--iters N] [--precision bf16|fp32] [--decode-only] [--fp8-only]\n",
+                   "usage: %s [--iters N] [--precision bf16|fp32] [--decode-only | --fp8-only | "
+                   "--moe-quant-only]\n",
                    argv[0]);
       return 2;
     }
@@ -257,6 +356,10 @@ int Main(int argc, char** argv) {
   std::printf("precision=%s iters=%d\n", PrecisionName(prec), c.iters);
   std::printf("%-18s %-34s %10s %10s %8s %9s %8s\n", "op", "shape", "us/call", "GB/s", "%HBM",
               "TFLOP/s", "%bf16");
+  if (moe_quant_only) {
+    QuantMoeRows(c, wb, true);
+    return 0;
+  }
 
   // FP8 weights against dense ones at the Flash projection shapes, batch 1 and 8.
   Fp8Rows(c, prec == Precision::kBF16 ? "bf16" : "fp32", wb);
@@ -423,6 +526,7 @@ int Main(int argc, char** argv) {
           distinct * 3.0 * 4096 * 2048 * wb, 6.0 * T * 6 * 4096 * 2048, prec == Precision::kBF16);
     }
   }
+  QuantMoeRows(c, wb, false);
   return 0;
 }
 
