@@ -189,7 +189,7 @@ void CompareExperts(Precision prec, WeightFormat format, const Case& c,
         continue;
       }
       ASSERT_TRUE(st.ok()) << st;
-      EXPECT_TRUE(p.Same(out, tol, tol));
+      EXPECT_TRUE(p.SameAtScale(out, tol));
     }
   }
 }
@@ -345,7 +345,7 @@ TEST(CudaMoeQuant, SingleTokenSkipsInvalidIds) {
   ASSERT_TRUE(p.cpu.MoeExperts(u.c, ix_ok.c, w_zeroed.c, wc, kLimit, out.c).ok());
   const absl::Status s = p.gpu->MoeExperts(u.g, ix_bad.g, w_all.g, wg, kLimit, out.g);
   ASSERT_TRUE(s.ok()) << s;
-  EXPECT_TRUE(p.Same(out, 1e-2, 1e-2));
+  EXPECT_TRUE(p.SameAtScale(out, 1e-2));
 }
 
 // The shared expert's SwiGLU computed ahead (SharedExpertUp, as the model runs it) feeds the
@@ -374,7 +374,7 @@ TEST(CudaMoeQuant, SingleTokenWithSharedHComputedAhead) {
   ASSERT_TRUE(p.cpu.MoeExperts(u.c, ix.c, w.c, wc, kLimit, out.c).ok());
   const absl::Status s = p.gpu->MoeExperts(u.g, ix.g, w.g, wg, kLimit, out.g);
   ASSERT_TRUE(s.ok()) << s;
-  EXPECT_TRUE(p.Same(out, 1e-2, 1e-2));
+  EXPECT_TRUE(p.SameAtScale(out, 1e-2));
 }
 
 }  // namespace

@@ -233,6 +233,7 @@ absl::StatusOr<Tensor> CudaBackend::CreateStoredWeight(const StoredWeight& src, 
   persistent_bytes_ += src.data.size() + scale_bytes;
   persistent_.push_back(std::move(data));
   persistent_.push_back(std::move(scale));
+  if (fp8) RETURN_IF_ERROR(ReserveDequant(t));
   return t;
 }
 
@@ -301,6 +302,7 @@ absl::StatusOr<Tensor> CudaBackend::CreateSyntheticQuantized(const SyntheticSpec
   persistent_bytes_ += t.nbytes() + scale_bytes;
   persistent_.push_back(std::move(data));
   persistent_.push_back(std::move(scale));
+  if (fp8) RETURN_IF_ERROR(ReserveDequant(t));
   return t;
 }
 
@@ -800,6 +802,34 @@ Mxfp4Matrix CudaBackend::Mxfp4(const Tensor& w) {
                            static_cast<const uint8_t*>(w.quant.scale), w.numel() / cols, cols};
 }
 
+absl::Status CudaBackend::ReserveDequant(const Tensor& w) {
+  const size_t need = static_cast<size_t>(w.numel()) * 4;
+  if (need <= dequant_bytes_) return absl::OkStatus();
+  dequant_bytes_ = need;
+  dequant_.clear();
+  std::vector<cudaStream_t> streams = {stream_.get()};
+  for (const CudaStream& s : side_) streams.push_back(s.get());
+  for (cudaStream_t s : streams) {
+    ASSIGN_OR_RETURN(DeviceBuffer b, AllocDevice(need));
+    dequant_.emplace_back(s, std::move(b));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> CudaBackend::DequantBuffer(const Tensor& w, DType dtype) {
+  const cudaStream_t s = cur_stream();
+  for (auto& [stream, buf] : dequant_) {
+    if (stream != s) continue;
+    Tensor t;
+    t.data = buf.get();
+    t.dtype = dtype;
+    t.shape = w.shape;
+    if (t.nbytes() > dequant_bytes_) break;
+    return t;
+  }
+  return absl::InternalError("cuda backend: no dequantisation buffer for this stream and weight");
+}
+
 // x [M, groups * K] · W[groups * N, K] (grouped as GroupedLinear) with an FP8 weight: the
 // weight-streaming kernel for decode rows, else W dequantised into op scratch (bf16, or fp32 in
 // fp32 mode) and the GEMM of the dense path.
@@ -819,7 +849,7 @@ absl::Status CudaBackend::QuantLinear(const Tensor& x, const Tensor& w, int64_t 
     });
   }
   const DType wd = bf16 ? DType::kBF16 : DType::kF32;
-  ASSIGN_OR_RETURN(Tensor dense, OpScratch(wd, w.shape));
+  ASSIGN_OR_RETURN(Tensor dense, DequantBuffer(w, wd));
   RETURN_IF_ERROR(cuda::Fp8Dequantize(m, bf16, dense.data, cur_stream()));
   ASSIGN_OR_RETURN(const void* xin, MatrixOperand(x, dense));
   cuda::GemmShape s;

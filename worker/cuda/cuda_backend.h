@@ -182,6 +182,12 @@ class CudaBackend final : public Backend {
   static Fp8Matrix Fp8(const Tensor& w);
   static Mxfp4Matrix Mxfp4(const Tensor& w);
   absl::Status QuantLinear(const Tensor& x, const Tensor& w, int64_t groups, Tensor y);
+  // The dequantised copy of an FP8 matrix for a product of more rows than the weight-streaming
+  // kernel takes: one buffer per stream (main, side lanes), sized at load for the largest FP8
+  // matrix, so that the copies of a step's many projections do not accumulate in the op arena
+  // and graphs keep their addresses.
+  absl::Status ReserveDequant(const Tensor& w);
+  absl::StatusOr<Tensor> DequantBuffer(const Tensor& w, DType dtype);
   absl::Status QuantMoeExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,
                                const MoeWeights& w, float swiglu_limit, Tensor out);
   absl::Status RoutedExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,
@@ -234,6 +240,8 @@ class CudaBackend final : public Backend {
   // a piecewise cut and before a copy to the host. Inline (no fork) when profiling or inside a
   // side region.
   CudaStream gates_stream_;
+  size_t dequant_bytes_ = 0;                          // the largest FP8 matrix, as fp32
+  std::vector<std::pair<cudaStream_t, DeviceBuffer>> dequant_;
   CudaEvent gates_fork_, gates_done_;
   bool gates_pending_ = false;
   absl::Status JoinGates();
