@@ -14,7 +14,7 @@ ab() {
     for v in $AB_VALUES; do
       echo "== round $round: $AB_VAR=$v"
       if [ "$v" = "-" ]; then unset "$AB_VAR"; else export "$AB_VAR=$v"; fi
-      timeout 90 bash $B/run.sh node/dsv4-node bench --device cuda --log-level warning \
+      timeout 90 bash $B/run.sh node/dsv4-node bench --device cuda --weight-format "${WEIGHT_FORMAT:-bf16}" --log-level warning \
         --synthetic-config "$S3" --batches "${AB_BATCHES:-1,8}" --contexts 4096 \
         --decode-steps 16 --cudagraph-mode none,full_and_piecewise \
         --cudagraph-capture-sizes 1,2,4,8 2>&1 | grep -vE "^(W|I)[0-9]{4} " || rc=1

@@ -7,7 +7,7 @@ B=.gpu/bundle
 CFG=${CFG:-tests/data/configs/dsv4-flash-slice3.json}
 rc=0
 timeout 150 bash $B/run.sh bench/dsv4_gpu_kernels_bench --iters 30 2>&1 | tee "$OUT/kernels.log" || rc=1
-timeout 200 bash $B/run.sh node/dsv4-node bench --device cuda --synthetic-config "$CFG" \
+timeout 200 bash $B/run.sh node/dsv4-node bench --device cuda --weight-format "${WEIGHT_FORMAT:-bf16}" --synthetic-config "$CFG" \
   --batches 1,8,64,256 --contexts 1024,16384,65536 --decode-steps 16 --repeats 1 \
   --log-level warning 2>&1 | tee "$OUT/slice3.log" || rc=1
 timeout 200 python3 bench/hf_decode_bench.py "$CFG" --batches 1,8 --prompt-len 1024 --steps 16 2>&1 |

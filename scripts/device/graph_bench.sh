@@ -22,7 +22,7 @@ json.dump(c, open(sys.argv[1], "w"), indent=1)
 PY
 DECODE_SIZES=1,2,4,8,16,24,32,48,64,96,128,192,256
 MODES=none,piecewise,full_and_piecewise
-bench() { timeout 200 bash $B/run.sh node/dsv4-node bench --device cuda --log-level warning "$@"; }
+bench() { timeout 200 bash $B/run.sh node/dsv4-node bench --device cuda --weight-format "${WEIGHT_FORMAT:-bf16}" --log-level warning "$@"; }
 rc=0
 {
   echo "== dsv4-flash-slice3 decode, context 4096"

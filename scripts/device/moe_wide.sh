@@ -10,7 +10,7 @@ B=.gpu/bundle
 S3=tests/data/configs/dsv4-flash-slice3.json
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 SIZES=1,2,4,8,16,24,32,48,64,96,128,192,256
-bench() { timeout 150 bash $B/run.sh node/dsv4-node bench --device cuda --log-level warning "$@"; }
+bench() { timeout 150 bash $B/run.sh node/dsv4-node bench --device cuda --weight-format "${WEIGHT_FORMAT:-bf16}" --log-level warning "$@"; }
 rc=0
 {
   for round in $(seq "${MW_ROUNDS:-2}"); do
@@ -34,7 +34,7 @@ for v in 1 0; do
   DSV4_MOE_WIDE=$v timeout 150 "$NCU" --clock-control none --cache-control none \
     --kernel-name regex:Expert --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size \
     --csv --launch-skip "${NCU_SKIP:-60}" --launch-count "${NCU_COUNT:-16}" \
-    bash $B/run.sh node/dsv4-node bench --device cuda --log-level warning --synthetic-config "$S3" \
+    bash $B/run.sh node/dsv4-node bench --device cuda --weight-format "${WEIGHT_FORMAT:-bf16}" --log-level warning --synthetic-config "$S3" \
     --batches 256 --contexts 4096 --decode-steps 16 --repeats 1 --cudagraph-mode none \
     > "$OUT/ncu_experts_wide$v.csv" 2> "$OUT/ncu_experts_wide$v.err" || rc=1
 done

@@ -12,7 +12,7 @@ timeout 400 "$NCU" --clock-control none --cache-control none --csv --page detail
   --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
   --section WarpStateStats --section SchedulerStats --section LaunchStats \
   --launch-skip "${NCU_SKIP:-700}" --launch-count "${NCU_COUNT:-120}" \
-  bash $B/run.sh node/dsv4-node bench --device cuda --log-level warning --synthetic-config "$S3" \
+  bash $B/run.sh node/dsv4-node bench --device cuda --weight-format "${WEIGHT_FORMAT:-bf16}" --log-level warning --synthetic-config "$S3" \
   --batches 1 --contexts 4096 --decode-steps 16 --repeats 1 --cudagraph-mode none \
   > "$OUT/ncu_detail.csv" 2> "$OUT/ncu_detail.err" || { tail -5 "$OUT/ncu_detail.err"; exit 1; }
 wc -l "$OUT/ncu_detail.csv"

@@ -13,7 +13,7 @@ NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 timeout 300 "$NCU" --clock-control none --cache-control none \
   --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \
   --launch-skip "${NCU_SKIP:-700}" --launch-count "${NCU_COUNT:-200}" \
-  bash $B/run.sh node/dsv4-node bench --device cuda --log-level warning --synthetic-config "$S3" \
+  bash $B/run.sh node/dsv4-node bench --device cuda --weight-format "${WEIGHT_FORMAT:-bf16}" --log-level warning --synthetic-config "$S3" \
   --batches 1 --contexts 4096 --decode-steps 16 --repeats 1 --cudagraph-mode none \
   > "$OUT/ncu.csv" 2> "$OUT/ncu.err" || { tail -5 "$OUT/ncu.err"; exit 1; }
 python3 bench/ncu_step_table.py "$OUT/ncu.csv" | tee "$OUT/ncu_step.txt"

@@ -12,7 +12,7 @@ run() {
   for round in $(seq "${OV_ROUNDS:-2}"); do
     for o in off on; do
       echo "== round $round: --overlap-steps $o"
-      DSV4_STEP_DEVICE_TIME=1 timeout 150 bash $B/run.sh node/dsv4-node bench --device cuda \
+      DSV4_STEP_DEVICE_TIME=1 timeout 150 bash $B/run.sh node/dsv4-node bench --device cuda --weight-format "${WEIGHT_FORMAT:-bf16}" \
         --log-level warning --synthetic-config "$S3" --batches "${OV_BATCHES:-1,8,64}" \
         --contexts 4096 --decode-steps 32 --cudagraph-mode none,full_and_piecewise \
         --cudagraph-capture-sizes 1,2,4,8,16,32,64 --overlap-steps "$o" 2>&1 |

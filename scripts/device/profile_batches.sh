@@ -12,7 +12,7 @@ NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 rc=0
 last=1
 for b in ${PROFILE_BATCHES:-64 256}; do
-  DSV4_PROFILE_OPS=1 timeout 200 bash $B/run.sh node/dsv4-node bench --device cuda \
+  DSV4_PROFILE_OPS=1 timeout 200 bash $B/run.sh node/dsv4-node bench --device cuda --weight-format "${WEIGHT_FORMAT:-bf16}" \
     --log-level warning --synthetic-config "$S3" --batches "$b" --contexts 4096 --decode-steps 8 \
     --repeats 1 --cudagraph-mode none 2>&1 | tee "$OUT/profile_b$b.log" || rc=1
   last=$b
@@ -21,7 +21,7 @@ done
 timeout 240 "$NCU" --clock-control none --cache-control none --kernel-name regex:Expert \
   --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size --csv \
   --launch-skip "${NCU_SKIP:-60}" --launch-count "${NCU_COUNT:-12}" \
-  bash $B/run.sh node/dsv4-node bench --device cuda --log-level warning --synthetic-config "$S3" \
+  bash $B/run.sh node/dsv4-node bench --device cuda --weight-format "${WEIGHT_FORMAT:-bf16}" --log-level warning --synthetic-config "$S3" \
   --batches "$last" --contexts 4096 --decode-steps 16 --repeats 1 --cudagraph-mode none \
   > "$OUT/ncu_experts_b$last.csv" 2> "$OUT/ncu_experts.err" || { tail -5 "$OUT/ncu_experts.err"; rc=1; }
 exit $rc

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU host (repository root, bundle in .gpu/bundle, see docs/gpu.md): the GPU suite, then
+# On the GPU host (repository root, bundle in .gpu/bundle, see WORKSPACE.notes, "GPU bundle"): the GPU suite, then
 # the serving suite on the GPU worker in fp32 and bf16. Logs go to $OUT (or ./gpu-logs).
 set -uo pipefail
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
