@@ -156,6 +156,7 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
   cache.block_size = o.block_size > 0 ? o.block_size : DefaultBlockSize(mc);
   cache.num_slots = o.max_num_seqs;
   cache.max_model_len = static_cast<int32_t>(model_len);
+  cache.max_step_tokens = o.max_batched_tokens;
   const int64_t per_seq = (model_len + cache.block_size - 1) / cache.block_size;
   cache.num_blocks = o.kv_blocks > 0 ? o.kv_blocks : static_cast<int32_t>(per_seq * o.max_num_seqs);
   LogInfo("model_loading", {{"dir", synthetic ? o.synthetic_config : o.model_dir},

@@ -17,7 +17,7 @@
 
 namespace dsv4 {
 
-constexpr int kCudaPluginAbi = 4;
+constexpr int kCudaPluginAbi = 5;
 
 enum class Precision { kBF16, kFP32 };
 absl::StatusOr<Precision> ParsePrecision(std::string_view s);

@@ -131,6 +131,9 @@ class Bench final : public Command {
     const int max_batch = *std::max_element(batches_.begin(), batches_.end());
     const int max_ctx = *std::max_element(contexts_.begin(), contexts_.end());
     const int64_t max_len = std::max(prompt_len_, max_ctx) + decode_steps_ + 2;
+    // The largest step: a real prefill of every sequence's prompt at once, or a decode batch.
+    const bool prefills = std::find(contexts_.begin(), contexts_.end(), 0) != contexts_.end();
+    flags_.set_max_step_tokens(prefills ? int64_t{max_batch} * std::max(prompt_len_, 1) : max_batch);
     auto worker = flags_.LoadWorker(max_batch, max_len);
     if (!worker.ok()) return Fail(worker.status());
     const WorkerInfo info = (*worker)->info();

@@ -1,6 +1,8 @@
 #include "node/cli/model_flags.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -67,6 +69,8 @@ absl::StatusOr<ModelFlags::Plan> ModelFlags::Prepare(int slots, int64_t max_len)
                                               p.config.max_position_embeddings));
   }
   p.cache.max_model_len = static_cast<int32_t>(max_len);
+  p.cache.max_step_tokens =
+      static_cast<int32_t>(std::min<int64_t>(max_step_tokens_, std::numeric_limits<int32_t>::max()));
   p.cache.num_blocks =
       static_cast<int32_t>(slots * ((max_len + p.cache.block_size - 1) / p.cache.block_size));
   LogInfo("model_loading", {{"config_path", config_path},

@@ -29,6 +29,9 @@ struct ModelFlags {
   // Loads config + checkpoint (or synthetic weights) on the chosen device and builds the model
   // with room for `slots` sequences of up to `max_len` tokens.
   absl::StatusOr<std::unique_ptr<Dsv4Model>> Load(int slots, int64_t max_len);
+  // The memory plan's step budget (CacheConfig::max_step_tokens) for the next Load/LoadWorker:
+  // the tokens of the largest step the command will run; 0 = the default.
+  void set_max_step_tokens(int64_t tokens) { max_step_tokens_ = tokens; }
   // The same model behind a serving worker (on-device sampling on CUDA).
   absl::StatusOr<std::unique_ptr<Worker>> LoadWorker(int slots, int64_t max_len);
   // The config of the last Load().
@@ -47,6 +50,7 @@ struct ModelFlags {
   absl::StatusOr<Plan> Prepare(int slots, int64_t max_len);
   std::string resolved_device_;
   ModelConfig config_;
+  int64_t max_step_tokens_ = 0;
 };
 
 // Prints "error: <status>" to stderr and returns 1.

@@ -91,5 +91,49 @@ TEST(MemoryPlan, ModelThatDoesNotFitIsRefused) {
   EXPECT_NE(m.status().message().find("MiB of device memory"), std::string::npos);
 }
 
+// Step scratch: large steps (a layer's scratch reused by the next) grow with the step's tokens
+// and one layer; decode batches (every layer's scratch kept) with the depth.
+TEST(MemoryPlan, StepScratchCountsOneLayerForLargeStepsAndEveryLayerForBatches) {
+  CacheConfig cache;
+  cache.num_slots = 64;
+  cache.max_model_len = 8192;
+  cache.block_size = 128;
+  cache.num_blocks = 64 * 8192 / 128;
+  auto scratch = [&](int layers, int32_t tokens) {
+    CacheConfig c = cache;
+    c.max_step_tokens = tokens;
+    return static_cast<double>(Dsv4Model::StepScratchBytes(Flash(layers), c));
+  };
+  // A prefill of 8k tokens: about the same at 9 and 37 layers (the per-layer tensors are the
+  // same; the layer kinds differ a little), and half a 16k one (the indexer's scores included).
+  EXPECT_LT(scratch(37, 8192), 1.2 * scratch(9, 8192));
+  EXPECT_NEAR(scratch(37, 16384) / scratch(37, 8192), 2.0, 0.05);
+  // Steps of 64 tokens (the slots' decode batch) keep every layer: the depth counts.
+  EXPECT_GT(scratch(37, 64), 3.5 * scratch(9, 64));
+  // Flash's layer at 8k tokens: q and o alone are 2 x 64 x 512 fp32 values a token (2 GiB).
+  EXPECT_GT(scratch(37, 8192), 2.0 * (1ull << 30));
+  const CacheConfig none = cache;  // max_step_tokens 0: the default budget
+  EXPECT_EQ(Dsv4Model::StepScratchBytes(Flash(37), none), static_cast<uint64_t>(scratch(37, 2048)));
+}
+
+// The step scratch is part of what must fit, and the refusal says so.
+TEST(MemoryPlan, StepScratchIsPartOfTheFit) {
+  CacheConfig cache;
+  cache.num_slots = 4;
+  cache.max_model_len = 1 << 16;
+  cache.block_size = 128;
+  cache.num_blocks = 4 * (1 << 16) / 128;
+  cache.max_step_tokens = 1 << 16;  // a 64k-token step: tens of GiB of activations
+  auto m = Dsv4Model::LoadSynthetic(Flash(2), 1, std::make_unique<PlanningBackend>(40ull << 30),
+                                    cache, LoadOptions{true, true});
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(m.status().message().find("step scratch"), std::string::npos) << m.status();
+  cache.max_step_tokens = 512;
+  auto plan = Dsv4Model::PlanMemory(Flash(2), cache, PlanningBackend(0), Released);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_LT(plan->weight_bytes() + plan->pools + plan->step_scratch, 30ull << 30);
+}
+
 }  // namespace
 }  // namespace dsv4

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <tuple>
 #include <utility>
 #include <iterator>
 #include <string_view>
@@ -157,6 +158,25 @@ CudaBackend::~CudaBackend() {
   if (gates_stream_.get() != nullptr) CUDA_LOG_IF_ERROR(cudaStreamSynchronize(gates_stream_.get()));
   if (stream_.get() != nullptr) CUDA_LOG_IF_ERROR(cudaStreamSynchronize(stream_.get()));
   if (profile_) std::fputs(profile_->Report().c_str(), stderr);
+  if (scratch_high_ > 0) {
+    std::fprintf(stderr,
+                 "cuda backend: step scratch high water %.1f MiB (a step of %d tokens); the "
+                 "arenas hold %.1f MiB\n",
+                 scratch_high_ / 1048576.0, scratch_high_tokens_,
+                 (model_arena_.held() + op_arena_.held()) / 1048576.0);
+  }
+}
+
+size_t CudaBackend::Arena::used() const {
+  size_t bytes = offset;
+  for (size_t i = 0; i < block && i < blocks.size(); ++i) bytes += blocks[i].bytes();
+  return bytes;
+}
+
+size_t CudaBackend::Arena::held() const {
+  size_t bytes = 0;
+  for (const DeviceBuffer& b : blocks) bytes += b.bytes();
+  return bytes;
 }
 
 absl::StatusOr<Tensor> CudaBackend::AllocPersistent(DType dtype, Shape shape) {
@@ -372,6 +392,11 @@ absl::StatusOr<Tensor> CudaBackend::Bump(Arena* arena, DType dtype, Shape shape)
   }
   t.data = static_cast<char*>(arena->blocks[arena->block].get()) + arena->offset;
   arena->offset += bytes;
+  const size_t used = model_arena_.used() + op_arena_.used();
+  if (used > scratch_high_) {
+    scratch_high_ = used;
+    scratch_high_tokens_ = view_.num_tokens;
+  }
   return t;
 }
 
@@ -552,6 +577,9 @@ absl::Status CudaBackend::Mark(StepMark mark) {
       // ends after the head, so no fork may outlive the layers in any case.
       RETURN_IF_ERROR(JoinGates());
       break;
+    case StepMark::kLayerBegin:
+    case StepMark::kLayerEnd:
+      return LayerMark(mark);
     default:
       break;
   }
@@ -564,6 +592,8 @@ absl::Status CudaBackend::Mark(StepMark mark) {
     case StepMark::kSideBegin:
     case StepMark::kSideEnd:
     case StepMark::kSideJoin:
+    case StepMark::kLayerBegin:
+    case StepMark::kLayerEnd:
       break;
     case StepMark::kLayersEnd: {
       if (eager_depth_ != 0)
@@ -578,6 +608,31 @@ absl::Status CudaBackend::Mark(StepMark mark) {
       return st;
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::LayerMark(StepMark mark) {
+  if (mark == StepMark::kLayerBegin) {
+    layer_reuse_ = false;
+    if (pw_ != nullptr || view_.num_tokens < kLayerReuseMinTokens) return absl::OkStatus();
+    ASSIGN_OR_RETURN(const bool capturing, Capturing());
+    if (capturing) return absl::OkStatus();
+    layer_reuse_ = true;
+    layer_mark_model_ = {model_arena_.block, model_arena_.offset};
+    layer_mark_op_ = {op_arena_.block, op_arena_.offset};
+    return absl::OkStatus();
+  }
+  if (!layer_reuse_) return absl::OkStatus();
+  layer_reuse_ = false;
+  if (on_side_) return absl::InternalError("layer end inside an open side region");
+  // Side regions and the deferred gates may still read this layer's scratch: the main stream
+  // waits for them before the next layer's ops (stream-ordered after it, side forks included)
+  // write there.
+  RETURN_IF_ERROR(JoinSides());
+  RETURN_IF_ERROR(JoinGates());
+  std::tie(model_arena_.block, model_arena_.offset) = layer_mark_model_;
+  std::tie(op_arena_.block, op_arena_.offset) = layer_mark_op_;
+  step_scores_ = Tensor{};  // the next CSA layer takes its scores buffer again
   return absl::OkStatus();
 }
 

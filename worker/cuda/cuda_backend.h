@@ -168,6 +168,8 @@ class CudaBackend final : public Backend {
   struct Arena {
     std::vector<DeviceBuffer> blocks;
     size_t block = 0, offset = 0;
+    size_t used() const;  // bytes up to the bump position (the blocks before it whole)
+    size_t held() const;  // bytes of all its blocks
   };
   explicit CudaBackend(const CudaBackendOptions& options) : options_(options) {}
   absl::StatusOr<Tensor> AllocPersistent(DType dtype, Shape shape);
@@ -265,6 +267,18 @@ class CudaBackend final : public Backend {
   int32_t max_position_ = -1;
   int32_t max_position_bound_ = -1;
   Tensor step_scores_;  // the indexer's scores of this step (op arena)
+  // Scratch of a layer given to the next (StepMark::kLayerBegin / kLayerEnd) in eager steps of at
+  // least kLayerReuseMinTokens tokens: a prefill's scratch is one layer's, not the model's. Not
+  // in captured or piecewise steps (their addresses are the graphs'), nor in small eager steps
+  // (the join at each layer's end would put the deferred gates back on the critical path).
+  static constexpr int32_t kLayerReuseMinTokens = 128;
+  bool layer_reuse_ = false;  // the open layer's scratch goes back at its kLayerEnd
+  std::pair<size_t, size_t> layer_mark_model_, layer_mark_op_;
+  absl::Status LayerMark(StepMark mark);
+  // The largest scratch a step took (both arenas) and that step's tokens: printed when the
+  // backend is destroyed, next to what the arenas hold.
+  size_t scratch_high_ = 0;
+  int32_t scratch_high_tokens_ = 0;
   bool shortcut_in_capture_ = false;
   bool row_gemv_ = true;  // single-token GEMV / fused MoE kernels (kernels/cuda/gemv.h)
   bool hc_cluster_ = true;  // decode boundaries as one cluster launch (cuda::HcClusterNorm)

@@ -58,6 +58,12 @@ enum class StepMark {
   kAttentionBegin,  // the attention block of a layer starts (after its input norm)
   kAttentionEnd,    // it ended (its output projection is done)
   kLayersEnd,       // the last layer is done; the head follows
+  // A layer's bounds: the scratch its ops take after kLayerBegin is read by nothing after
+  // kLayerEnd (the layer's outputs live in tensors taken before kLayerBegin), so a backend may
+  // give that scratch to the next layer (the CUDA backend does in large eager steps: prefill
+  // scratch then grows with one layer, not with the model's depth).
+  kLayerBegin,
+  kLayerEnd,
   // Side work (the compressors of a layer): ops between kSideBegin and kSideEnd depend only on
   // what came before kSideBegin outside other side regions that are not joined yet, and nothing
   // reads their results before kSideJoin, so a backend may run them concurrently with the ops

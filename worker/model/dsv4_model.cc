@@ -478,7 +478,44 @@ absl::StatusOr<MemoryPlan> Dsv4Model::PlanMemory(
   ForEachPool(config, cc, [&](int64_t, const char*, Shape shape) {
     plan.pools += static_cast<uint64_t>(shape.numel()) * 4;
   });
+  plan.step_scratch = StepScratchBytes(config, cc);
   return plan;
+}
+
+uint64_t Dsv4Model::StepScratchBytes(const ModelConfig& c, const CacheConfig& cache) {
+  const int64_t D = c.hidden_size, n = c.hc_mult, H = c.num_heads, hd = c.head_dim;
+  const int64_t nI = c.index_n_heads, dI = c.index_head_dim, K = c.num_experts_per_tok;
+  const int64_t I = c.moe_intermediate_size;
+  // fp32 values per token: across layers (hs, hs2, normed, block_out, post, comb, the embedding).
+  const int64_t carried = 2 * n * D + 3 * D + n + n * n;
+  int64_t layer_max = 0, layers_sum = 0;
+  int64_t min_ratio = 0;  // of the CSA layers (the indexer's scores)
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const int64_t ratio = c.Ratio(l);
+    const bool csa = c.layer_types[l] == AttnType::kCsa;
+    int64_t v = hd + c.q_lora_rank + 2 * H * hd + c.o_groups * c.o_lora_rank;  // kv cq q o grouped
+    if (ratio > 0) v += 2 * (csa ? 2 : 1) * hd;                                // the compressor
+    if (csa) {
+      v += nI * dI + nI + c.index_topk + 2 * 2 * dI;  // indexer q, weights, selection, compressor
+      if (min_ratio == 0 || ratio < min_ratio) min_ratio = ratio;
+    }
+    v += 4 * I + c.n_routed_experts + 2 * K;  // shared h, gate/up and output; router
+    // The ops' temporaries: bf16 copies of the largest operands, the routed experts' gate/up
+    // and SwiGLU rows and sort arrays.
+    v += (H * hd + c.q_lora_rank + c.o_groups * c.o_lora_rank + D) / 2 + 3 * K * I + 4 * K;
+    layer_max = std::max(layer_max, v);
+    layers_sum += v;
+  }
+  const int64_t max_len = cache.max_model_len > 0 ? cache.max_model_len : c.max_position_embeddings;
+  const int64_t big = cache.max_step_tokens > 0 ? cache.max_step_tokens
+                                                : CacheConfig::kDefaultStepTokens;
+  // Steps below 128 tokens (and captured decode batches) keep every layer's scratch.
+  const int64_t small = std::min<int64_t>({big, std::max<int64_t>(cache.num_slots, 127), 512});
+  const int64_t per_step =
+      std::max(big * (carried + layer_max), small * (carried + layers_sum));
+  // One scores buffer per step (the CSA layers share it): tokens x visible entries.
+  const int64_t scores = min_ratio > 0 ? big * (max_len / min_ratio + 1) : 0;
+  return static_cast<uint64_t>(per_step + scores) * 4;
 }
 
 uint64_t MemoryPlan::weight_bytes() const {
@@ -536,18 +573,20 @@ absl::Status Dsv4Model::CheckFits(const MemoryPlan& plan, const Backend& backend
   LogInfo("memory_plan", {{"weights_gib", plan.weight_bytes() / double(1ull << 30)},
                           {"by_class_gib", by_class},
                           {"state_pools_gib", plan.pools / double(1ull << 30)},
+                          {"step_scratch_gib", plan.step_scratch / double(1ull << 30)},
                           {"device_free_gib", free_bytes.ok() ? *free_bytes / double(1ull << 30) : -1.0}});
   if (!free_bytes.ok()) return absl::OkStatus();
-  // Scratch arenas, cuBLASLt workspaces, graphs and the CUDA context take the rest.
+  // cuBLASLt workspaces, dequantisation buffers, graphs and the CUDA context take the reserve.
   const uint64_t reserve = (2ull << 30) + *free_bytes / 50;
-  const uint64_t need = plan.weight_bytes() + plan.pools + reserve;
+  const uint64_t need = plan.weight_bytes() + plan.pools + plan.step_scratch + reserve;
   if (need > *free_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the model does not fit: it needs ", need >> 20, " MiB of device memory (weights ",
-        plan.weight_bytes() >> 20, " MiB, state pools ", plan.pools >> 20,
-        " MiB, scratch reserve ", reserve >> 20, " MiB) and the device has ", *free_bytes >> 20,
-        " MiB free; use fewer layers, fewer --max-num-seqs / a shorter --max-model-len, "
-        "--weight-format auto, or more GPUs"));
+        plan.weight_bytes() >> 20, " MiB, state pools ", plan.pools >> 20, " MiB, step scratch ",
+        plan.step_scratch >> 20, " MiB, reserve ", reserve >> 20, " MiB) and the device has ",
+        *free_bytes >> 20,
+        " MiB free; use fewer layers, fewer --max-num-seqs / a shorter --max-model-len, a "
+        "smaller step budget (--max-batched-tokens), --weight-format auto, or more GPUs"));
   }
   return absl::OkStatus();
 }
@@ -788,6 +827,7 @@ absl::StatusOr<Tensor> Dsv4Model::RunForward() {
   }
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = w.layers[l];
+    RETURN_IF_ERROR(be.Mark(StepMark::kLayerBegin));
     RETURN_IF_ERROR(be.Mark(StepMark::kAttentionBegin));
     RETURN_IF_ERROR_CTX(AttentionBlock(l, normed, block_out), absl::StrCat("layer ", l, " attention"));
     RETURN_IF_ERROR(be.Mark(StepMark::kAttentionEnd));
@@ -801,6 +841,7 @@ absl::StatusOr<Tensor> Dsv4Model::RunForward() {
     } else {
       RETURN_IF_ERROR(be.HcPost(hs2, block_out, post, comb, hs));
     }
+    RETURN_IF_ERROR(be.Mark(StepMark::kLayerEnd));
   }
   RETURN_IF_ERROR(be.Mark(StepMark::kLayersEnd));
 

@@ -36,6 +36,10 @@ struct CacheConfig {
   int32_t num_blocks = 0;          // context-pool blocks
   int32_t num_slots = 0;           // state-pool slots (max concurrent sequences)
   int32_t max_model_len = 0;       // 0 = max_position_embeddings
+  // Tokens one step may carry (the coordinator's step budget), for the memory plan's step
+  // scratch; 0 = kDefaultStepTokens.
+  int32_t max_step_tokens = 0;
+  static constexpr int32_t kDefaultStepTokens = 2048;
 };
 
 // Smallest multiple of every compression ratio in use that is >= 64.
@@ -47,6 +51,8 @@ int32_t DefaultBlockSize(const ModelConfig& config);
 struct MemoryPlan {
   std::map<std::string, uint64_t> weights;  // class (attention, routed_experts, ...) -> bytes
   uint64_t pools = 0;                       // KV entries, rings, compressor and indexer state
+  // The largest step's activations, an upper estimate (Dsv4Model::StepScratchBytes).
+  uint64_t step_scratch = 0;
   uint64_t weight_bytes() const;
 };
 
@@ -144,6 +150,13 @@ class Dsv4Model {
   static absl::StatusOr<MemoryPlan> PlanMemory(
       const ModelConfig& config, const CacheConfig& cache, const Backend& backend,
       const std::function<QuantFormat(const std::string&)>& format_of);
+
+  // Scratch of the largest step `cache` allows: the tensors carried across layers plus one
+  // layer's (a backend that reuses a layer's scratch for the next in large steps, as the CUDA
+  // backend does from 128 tokens; see StepMark::kLayerBegin) or every layer's (steps below
+  // that, at most num_slots or 512 tokens: decode batches), with an allowance for the ops' own
+  // temporaries (bf16 operand copies, the expert workspace, the indexer's scores).
+  static uint64_t StepScratchBytes(const ModelConfig& config, const CacheConfig& cache);
 
  private:
   // The state pools, layer by layer: f(layer, kind, shape), kind ring|entries|comp_state|
