@@ -407,7 +407,14 @@ absl::Status LaunchGemvCluster(const GemvArgs& a, int cluster, cudaStream_t stre
 template <class C>
 absl::Status LaunchGemvSlices(const GemvArgs& a, int slices, cudaStream_t stream) {
   switch (slices) {
-    case 1: return LaunchGemv<C, 1>(a, stream);
+    case 1:
+      // 16-row tiles in 8-tile blocks spill at 64 registers (8 bytes): 24 warps per SM there
+      // (variant 3 only; k below 256 or 65536 rows and more).
+      if constexpr (C::sub == 1 && C::sm_warps > 24) {
+        return LaunchGemv<Cfg<C::splits, C::sub, C::depth, 24>, 1>(a, stream);
+      } else {
+        return LaunchGemv<C, 1>(a, stream);
+      }
     case 2: return LaunchGemv<C, 2>(a, stream);
     case 4: return LaunchGemv<C, 4>(a, stream);
     case 8: return LaunchGemv<C, 8>(a, stream);
