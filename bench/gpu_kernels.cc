@@ -5,8 +5,10 @@
 // the expert kernels stream faster).
 // Times are wall clock per call over many back-to-back launches on the backend's stream, closed
 // by a synchronising copy (launch overhead included: that is what an eager step pays).
-//   dsv4_gpu_kernels_bench [--iters N] [--precision bf16|fp32] [--decode-only | --fp8-only |
-//                          --moe-quant-only]
+//   dsv4_gpu_kernels_bench [--iters N] [--warmup-ms T] [--precision bf16|fp32]
+//                          [--decode-only | --fp8-only | --moe-quant-only]
+// --warmup-ms T: before each timing, calls for T ms (the first rows after the host-side weight
+// generation otherwise run while the GPU's clocks are still coming up).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -31,10 +33,11 @@ using Clock = std::chrono::steady_clock;
 struct Ctx {
   Backend* be = nullptr;
   int iters = 50;
+  double warmup_ms = 0;  // --warmup-ms: calls before timing until this long has passed (clocks up)
   double hbm = 4.8e12;  // the H200's HBM bandwidth, bytes/s
 };
 
-// Seconds per call of `op` (after one warm-up call).
+// Seconds per call of `op` (after one warm-up call, or calls for c.warmup_ms).
 double Time(Ctx& c, const std::function<absl::Status()>& op, const Tensor& sync) {
   float sink[1];
   if (absl::Status s = op(); !s.ok()) {
@@ -42,6 +45,11 @@ double Time(Ctx& c, const std::function<absl::Status()>& op, const Tensor& sync)
     std::exit(1);
   }
   (void)c.be->CopyToHost(sync.View(Shape{1}), sink);
+  for (const auto w0 = Clock::now();
+       std::chrono::duration<double, std::milli>(Clock::now() - w0).count() < c.warmup_ms;) {
+    for (int i = 0; i < 16; ++i) (void)op();
+    (void)c.be->CopyToHost(sync.View(Shape{1}), sink);
+  }
   const auto t0 = Clock::now();
   for (int i = 0; i < c.iters; ++i) (void)op();
   (void)c.be->CopyToHost(sync.View(Shape{1}), sink);
@@ -319,6 +327,9 @@ int Main(int argc, char** argv) {
   bool decode_only = false, fp8_only = false, moe_quant_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) c.iters = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--warmup-ms") && i + 1 < argc) {
+      c.warmup_ms = std::max(0.0, std::atof(argv[++i]));
+    }
     else if (!std::strcmp(argv[i], "--precision") && i + 1 < argc) {
       auto p = ParsePrecision(argv[++i]);
       if (!p.ok()) return std::fprintf(stderr, "%s\n", p.status().ToString().c_str()), 2;
@@ -331,8 +342,8 @@ int Main(int argc, char** argv) {
       moe_quant_only = true;
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--iters N] [--precision bf16|fp32] [--decode-only | --fp8-only | "
-                   "--moe-quant-only]\n",
+                   "usage: %s [--iters N] [--warmup-ms T] [--precision bf16|fp32] "
+                   "[--decode-only | --fp8-only | --moe-quant-only]\n",
                    argv[0]);
       return 2;
     }
@@ -354,7 +365,7 @@ int Main(int argc, char** argv) {
     std::printf("streaming add (the backend's Add, 3 GiB moved): %.0f GB/s; %%HBM is of %.1f TB/s\n",
                 3.0 * n * 4 / t / 1e9, c.hbm / 1e12);
   }
-  std::printf("precision=%s iters=%d\n", PrecisionName(prec), c.iters);
+  std::printf("precision=%s iters=%d warmup-ms=%g\n", PrecisionName(prec), c.iters, c.warmup_ms);
   std::printf("%-18s %-34s %10s %10s %8s %9s %8s\n", "op", "shape", "us/call", "GB/s", "%HBM",
               "TFLOP/s", "%bf16");
   if (moe_quant_only) {

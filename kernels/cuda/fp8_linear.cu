@@ -35,6 +35,22 @@
 // B (b0: logical k 2q, 2q+1 of x row g; b1: 2q+8, 2q+9) is then (x0, x2), (x1, x3) of the float4
 // of x row g at the same four k.
 //
+// Variants (TEMPORARY, for one A/B run on the H200; DSV4_FP8_GEMV_VARIANT read once, default 0).
+// The kernel is templated on kSub (16-row mma tiles per warp: 2 = the 32-row tile above, 1 = 16
+// rows, g and g + 8, x read once per 16 rows), kDepth (k steps of loads in flight per warp: the
+// load of step s + kDepth is issued as step s is consumed, a ring of kDepth register sets) and
+// kSmWarps (resident warps per SM: the register budget):
+//   0  kSub 2, kDepth 1, 32 warps/SM (16 in fp32 mode), k split for ~4096 warps: today's kernel.
+//      Each warp waits a full memory latency every step (its next load is issued only after the
+//      current step is decoded and multiplied), and a slice is often only 4 steps.
+//   1  kSub 2, kDepth 2, 16 warps/SM (128 registers), one wave of ~2048 warps: 4 KiB in flight
+//      per warp all the time (64 KiB per SM sustained rather than at the start only).
+//   2  kSub 1, kDepth 4, 16 warps/SM: the same 4 KiB per warp as 4 steps of 16 rows, longer
+//      slices (wq_b: one warp streams 16 rows x 1024), twice the x reads (L1 hits).
+//   3  kSub 1, kDepth 2, 32 warps/SM (64 registers; 16 in fp32 mode): 2 KiB per warp sustained.
+// Variants 1-3 choose the cluster form for themselves: up to 8 x 8 slices of >= 128 columns
+// (wq_a, wkv: 64-256 blocks, about 2 steps per warp, all in flight at once).
+//
 // Scales: a 64-wide step lies in one scale block, so each thread accumulates a scale block's
 // partial dot products in d (the tensor cores) and, at the block's end, adds scale(row, block) *
 // d to its fp32 sums in acc (one fmaf per accumulator; the scales of a block are loaded as it
@@ -50,6 +66,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
 
 #include "kernels/common/cuda_check.h"
@@ -58,38 +75,42 @@
 namespace dsv4::cuda {
 namespace {
 
-constexpr int kSubTiles = 2;               // 16-row mma tiles per warp
-constexpr int kTileRows = 16 * kSubTiles;  // weight rows per warp tile
-constexpr int kLaneRows = 2 * kSubTiles;   // rows per lane: g, g + 8, g + 16, g + 24
+// The shape of a variant's warp tile (DSV4_FP8_GEMV_VARIANT, see the top of the file): kSub
+// 16-row mma tiles per warp (the lane's rows g + 8i, i < 2 kSub), kDepth k steps of loads in
+// flight per warp, kSmWarps resident warps per SM asked of the compiler (its register budget:
+// 65536 / (32 kSmWarps) per thread).
+constexpr int TileRows(int sub) { return 16 * sub; }  // weight rows per warp tile
+constexpr int LaneRows(int sub) { return 2 * sub; }   // rows per lane: g, g + 8, ...
 constexpr int kStepK = 64;                 // k per step: a lane quad's 4 x 16 bytes of a row
 constexpr int kSliceAlign = 128;           // k slices are whole 128-column (default) scale blocks
 constexpr int kMaxSlices = 32;             // warps per tile: 32 -> 1024-thread blocks
 constexpr int kMinBlockWarps = 8;          // blocks of at least 256 threads (several tiles)
-// Warps in the grid aimed for: about 32 resident warps on each of the H200's 132 SMs (2 KiB in
-// flight per warp, 64 KiB per SM), as the bf16 GEMVs (gemv.cu) keep.
+// Warps in the grid aimed for (variant 0): about 32 resident warps on each of the H200's 132
+// SMs (2 KiB in flight per warp, 64 KiB per SM), as the bf16 GEMVs (gemv.cu) keep.
 constexpr int64_t kTargetWarps = 4096;
 // Grids of fewer tiles (blocks of 8 or more warps: one tile each) take the cluster form when a
 // tile has at least 2 x kClusterWarps slices: about half the SMs or more then stream.
-constexpr int64_t kClusterMaxTiles = 64;
+constexpr int64_t kClusterMaxRows = 2048;  // 64 tiles of 32 rows
 constexpr int kClusterWarps = 8;  // warps (slices) per block of a cluster
 constexpr int kMaxCluster = 8;    // portable cluster size
 
 constexpr int BlockWarps(int slices) { return slices < kMinBlockWarps ? kMinBlockWarps : slices; }
-// Resident blocks asked of the compiler: 1024 threads per SM (64 registers per thread) for bf16
-// x; 512 (128 registers) for the three x terms of fp32 mode, whose extra registers would spill
-// at 64 (fp32 mode then splits k at most kMaxSlicesFp32 ways: 512-thread blocks), and for the
-// cluster form (a grid of at most 2 blocks per SM: kClusterMaxTiles x 4 blocks).
+// Resident blocks asked of the compiler: kSmWarps warps per SM. Variant 0: 1024 threads per SM
+// (64 registers per thread) for bf16 x; 512 (128 registers) for the three x terms of fp32 mode,
+// whose extra registers would spill at 64 (fp32 mode then splits k at most kMaxSlicesFp32 ways:
+// 512-thread blocks), and for the cluster form (a grid of at most 2 blocks per SM:
+// kClusterMaxRows / 32 tiles x 4 blocks).
 constexpr int kMaxSlicesFp32 = 16;
-constexpr int MinBlocks(int splits, int slices, bool cluster) {
-  return (splits == 1 && !cluster ? 1024 : 512) / (32 * BlockWarps(slices));
+constexpr int MinBlocks(int sm_warps, int slices) {
+  return sm_warps / BlockWarps(slices) < 1 ? 1 : sm_warps / BlockWarps(slices);
 }
 
 struct GemvArgs {
   const float* x;
   int64_t ldx;         // x row stride: (rows / group_rows) * cols
   Fp8Matrix w;
-  int64_t group_rows;  // rows sharing one x vector (a multiple of kTileRows or all rows)
-  int64_t tiles;       // ceil(rows / kTileRows)
+  int64_t group_rows;  // rows sharing one x vector (a multiple of 32 or all rows)
+  int64_t tiles;       // ceil(rows / TileRows(kSub))
   int slice;           // k per warp (a multiple of kSliceAlign)
   int m;
   float* y;
@@ -167,12 +188,16 @@ struct ScaleRows {
 // tile * 32 + g + 8i (i < 4; i = 2t + h: mma tile t, accumulator half h). Accumulators: d[t] /
 // acc[t] of mma tile t (c0, c1: row 16t + g, x rows 2q, 2q + 1; c2, c3: row 16t + g + 8). k and
 // cols in 32 bits (ValidMatrix).
-template <int kSplits, int kW, bool kCluster>
-__global__ void __launch_bounds__(32 * BlockWarps(kW), MinBlocks(kSplits, kW, kCluster))
+template <int kSplits, int kSub, int kDepth, int kSmWarps, int kW, bool kCluster>
+__global__ void __launch_bounds__(32 * BlockWarps(kW), MinBlocks(kSmWarps, kW))
     Fp8GemvKernel(const GemvArgs a) {
+  constexpr int kSubTiles = kSub;
+  constexpr int kTileRows = TileRows(kSub);
+  constexpr int kLaneRows = LaneRows(kSub);
   constexpr int kWarps = BlockWarps(kW);
   constexpr int kTilesPerBlock = kWarps / kW;
   static_assert(!kCluster || (kW == kClusterWarps && kTilesPerBlock == 1), "cluster blocks");
+  static_assert(kDepth >= 1 && kSub >= 1 && kSub <= 2, "variant shape");
   PdlTrigger();
   __shared__ int32_t scale_row[kTilesPerBlock * kTileRows];
   __shared__ float4 red[kW > 1 ? kWarps : 1][kSubTiles][32];
@@ -200,19 +225,23 @@ __global__ void __launch_bounds__(32 * BlockWarps(kW), MinBlocks(kSplits, kW, kC
   unsigned row_ok = 0;
 #pragma unroll
   for (int i = 0; i < kLaneRows; ++i) row_ok |= (live && row0 + 8 * i < rows ? 1u : 0u) << i;
-  uint4 v[kLaneRows];
-  auto load = [&](int k) {
+  // The load ring: v[p] holds the step at k0 + (n kDepth + p) kStepK (n = 0, 1, ...).
+  uint4 v[kDepth][kLaneRows];
+  auto load = [&](uint4 (&vv)[kLaneRows], int k) {
     const bool in = k + 16 * q < k1;
 #pragma unroll
     for (int i = 0; i < kLaneRows; ++i) {
-      v[i] = in && (row_ok >> i & 1u)
-                 ? LoadWeights16(reinterpret_cast<const uint4*>(wr + i * row_step + k))
-                 : make_uint4(0, 0, 0, 0);
+      vv[i] = in && (row_ok >> i & 1u)
+                  ? LoadWeights16(reinterpret_cast<const uint4*>(wr + i * row_step + k))
+                  : make_uint4(0, 0, 0, 0);
     }
   };
-  // Weights and scales are constant: the first step's loads go out before the PDL wait, and the
-  // scale rows of the block's tiles are located meanwhile (one row per thread).
-  if (k0 < k1) load(k0);
+  // Weights and scales are constant: the first kDepth steps' loads go out before the PDL wait,
+  // and the scale rows of the block's tiles are located meanwhile (one row per thread).
+#pragma unroll
+  for (int p = 0; p < kDepth; ++p) {
+    if (k0 + p * kStepK < k1) load(v[p], k0 + p * kStepK);
+  }
   {
     const int64_t r = first_tile * kTileRows + threadIdx.x;
     if (threadIdx.x < kTilesPerBlock * kTileRows) {
@@ -238,39 +267,44 @@ __global__ void __launch_bounds__(32 * BlockWarps(kW), MinBlocks(kSplits, kW, kC
 #pragma unroll
     for (int e = 0; e < 4; ++e) d[t][e] = acc[t][e] = 0.0f;
   }
-  for (int k = k0; k < k1; k += kStepK) {
-    const bool in = has_x && k + 16 * q < k1;
+  for (int kb = k0; kb < k1; kb += kDepth * kStepK) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float4 xv =
-          in ? *reinterpret_cast<const float4*>(xr + k + 4 * j) : make_float4(0, 0, 0, 0);
-      uint32_t b[kSplits][2];
-      SplitX<kSplits>(xv, b);
+    for (int p = 0; p < kDepth; ++p) {
+      const int k = kb + p * kStepK;
+      if (kDepth > 1 && k >= k1) break;  // warp-uniform: the slice's last ring pass
+      const bool in = has_x && k + 16 * q < k1;
 #pragma unroll
-      for (int t = 0; t < kSubTiles; ++t) {
-        uint32_t lo02, lo13, hi02, hi13;  // rows 16t + g (lo) and 16t + g + 8 (hi)
-        E4m3x4ToBf16(Word(v[2 * t], j), lo02, lo13);
-        E4m3x4ToBf16(Word(v[2 * t + 1], j), hi02, hi13);
+      for (int j = 0; j < 4; ++j) {
+        const float4 xv =
+            in ? *reinterpret_cast<const float4*>(xr + k + 4 * j) : make_float4(0, 0, 0, 0);
+        uint32_t b[kSplits][2];
+        SplitX<kSplits>(xv, b);
 #pragma unroll
-        for (int s = 0; s < kSplits; ++s) Mma(d[t], lo02, hi02, lo13, hi13, b[s][0], b[s][1]);
-      }
-    }
-    const int next = k + kStepK;
-    if (next < k1) load(next);
-    if (next >= flush) {  // the scale block ends: acc += scale * d
+        for (int t = 0; t < kSubTiles; ++t) {
+          uint32_t lo02, lo13, hi02, hi13;  // rows 16t + g (lo) and 16t + g + 8 (hi)
+          E4m3x4ToBf16(Word(v[p][2 * t], j), lo02, lo13);
+          E4m3x4ToBf16(Word(v[p][2 * t + 1], j), hi02, hi13);
 #pragma unroll
-      for (int t = 0; t < kSubTiles; ++t) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          acc[t][e] = fmaf(sc[2 * t + e / 2], d[t][e], acc[t][e]);
-          d[t][e] = 0.0f;
+          for (int s = 0; s < kSplits; ++s) Mma(d[t], lo02, hi02, lo13, hi13, b[s][0], b[s][1]);
         }
       }
-      ++cb;
-      flush = std::min(k1, flush + bc);
-      if (next < k1) {
+      const int next = k + kStepK;
+      if (k + kDepth * kStepK < k1) load(v[p], k + kDepth * kStepK);
+      if (next >= flush) {  // the scale block ends: acc += scale * d
 #pragma unroll
-        for (int i = 0; i < kLaneRows; ++i) sc[i] = __ldg(w.scale + srow[8 * i] + cb);
+        for (int t = 0; t < kSubTiles; ++t) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            acc[t][e] = fmaf(sc[2 * t + e / 2], d[t][e], acc[t][e]);
+            d[t][e] = 0.0f;
+          }
+        }
+        ++cb;
+        flush = std::min(k1, flush + bc);
+        if (next < k1) {
+#pragma unroll
+          for (int i = 0; i < kLaneRows; ++i) sc[i] = __ldg(w.scale + srow[8 * i] + cb);
+        }
       }
     }
   }
@@ -342,45 +376,138 @@ __global__ void __launch_bounds__(32 * BlockWarps(kW), MinBlocks(kSplits, kW, kC
   }
 }
 
-template <int kSplits, int kW>
+// A variant's kernel parameters (template arguments of Fp8GemvKernel).
+template <int kSplits, int kSub, int kDepth, int kSmWarps>
+struct Cfg {
+  static constexpr int splits = kSplits, sub = kSub, depth = kDepth, sm_warps = kSmWarps;
+};
+
+template <class C, int kW>
 absl::Status LaunchGemv(const GemvArgs& a, cudaStream_t stream) {
   constexpr int kWarps = BlockWarps(kW);
   constexpr int kTilesPerBlock = kWarps / kW;
   const int64_t blocks = (a.tiles + kTilesPerBlock - 1) / kTilesPerBlock;
-  CUDA_RETURN_IF_ERROR(LaunchPdl(Fp8GemvKernel<kSplits, kW, false>,
-                                 dim3(static_cast<unsigned>(blocks)), dim3(32 * kWarps), 0, stream,
-                                 a));
+  CUDA_RETURN_IF_ERROR(
+      LaunchPdl(Fp8GemvKernel<C::splits, C::sub, C::depth, C::sm_warps, kW, false>,
+                dim3(static_cast<unsigned>(blocks)), dim3(32 * kWarps), 0, stream, a));
   return absl::OkStatus();
 }
 
 // The cluster form: `cluster` blocks of kClusterWarps warps per tile.
-template <int kSplits>
+template <class C>
 absl::Status LaunchGemvCluster(const GemvArgs& a, int cluster, cudaStream_t stream) {
   CUDA_RETURN_IF_ERROR(LaunchPdlCluster(
-      Fp8GemvKernel<kSplits, kClusterWarps, true>,
+      Fp8GemvKernel<C::splits, C::sub, C::depth, C::sm_warps, kClusterWarps, true>,
       dim3(static_cast<unsigned>(a.tiles * cluster)), dim3(32 * kClusterWarps), 0, stream,
       static_cast<unsigned>(cluster), a));
   return absl::OkStatus();
 }
 
-template <int kSplits>
+// `slices` warps per tile; blocks of at most C::sm_warps warps (the register budget).
+template <class C>
 absl::Status LaunchGemvSlices(const GemvArgs& a, int slices, cudaStream_t stream) {
   switch (slices) {
-    case 1: return LaunchGemv<kSplits, 1>(a, stream);
-    case 2: return LaunchGemv<kSplits, 2>(a, stream);
-    case 4: return LaunchGemv<kSplits, 4>(a, stream);
-    case 8: return LaunchGemv<kSplits, 8>(a, stream);
-    case 16: return LaunchGemv<kSplits, 16>(a, stream);
-    default:
-      if constexpr (kSplits == 1) return LaunchGemv<kSplits, kMaxSlices>(a, stream);
-      return absl::InternalError("Fp8Gemv: slice count");
+    case 1:
+      // 16-row tiles in 8-tile blocks spill at 64 registers (8 bytes): 24 warps per SM there
+      // (variant 3 only; k below 256 or 65536 rows and more).
+      if constexpr (C::sub == 1 && C::sm_warps > 24) {
+        return LaunchGemv<Cfg<C::splits, C::sub, C::depth, 24>, 1>(a, stream);
+      } else {
+        return LaunchGemv<C, 1>(a, stream);
+      }
+    case 2: return LaunchGemv<C, 2>(a, stream);
+    case 4: return LaunchGemv<C, 4>(a, stream);
+    case 8: return LaunchGemv<C, 8>(a, stream);
+    case 16:
+      if constexpr (C::sm_warps >= 16) return LaunchGemv<C, 16>(a, stream);
+      break;
+    case 32:
+      if constexpr (C::sm_warps >= 32) return LaunchGemv<C, 32>(a, stream);
+      break;
+    default: break;
   }
+  return absl::InternalError("Fp8Gemv: slice count");
 }
 
 // k per slice for `slices` slices of `cols`: whole kSliceAlign pieces.
 int SliceK(int64_t cols, int slices) {
   const int64_t s = (cols + slices - 1) / slices;
   return static_cast<int>((s + kSliceAlign - 1) / kSliceAlign * kSliceAlign);
+}
+
+// Variant 0's grid: split k until the grid has kTargetWarps warps (at most max_slices per
+// tile), while a slice keeps at least kSliceAlign of k; the cluster form for fewer than
+// kClusterMaxRows rows where that gives 2 x kClusterWarps slices or more.
+template <class CS, class CC>
+absl::Status RunToday(GemvArgs a, cudaStream_t stream) {
+  const Fp8Matrix& w = a.w;
+  a.tiles = (w.rows + TileRows(CS::sub) - 1) / TileRows(CS::sub);
+  const int max_slices = CS::splits == 1 ? kMaxSlices : kMaxSlicesFp32;
+  int slices = 1;
+  while (slices < max_slices && a.tiles * slices < kTargetWarps &&
+         (w.cols + 2 * slices - 1) / (2 * slices) >= kSliceAlign) {
+    slices *= 2;
+  }
+  a.slice = SliceK(w.cols, slices);
+  if (a.tiles * TileRows(CS::sub) < kClusterMaxRows && slices >= 2 * kClusterWarps) {
+    const int cluster = std::min(kMaxCluster, slices / kClusterWarps);
+    a.slice = SliceK(w.cols, cluster * kClusterWarps);
+    return LaunchGemvCluster<CC>(a, cluster, stream);
+  }
+  return LaunchGemvSlices<CS>(a, slices, stream);
+}
+
+// Variants 1-3: one wave of CS::sm_warps warps on each of ~128 SMs (k split at most
+// CS::sm_warps ways); the cluster form decided on its own: up to kMaxCluster x kClusterWarps
+// slices of at least kSliceAlign, for a grid of at most ~2 cluster blocks per SM.
+template <class CS, class CC>
+absl::Status RunWave(GemvArgs a, cudaStream_t stream) {
+  const Fp8Matrix& w = a.w;
+  a.tiles = (w.rows + TileRows(CS::sub) - 1) / TileRows(CS::sub);
+  auto split = [&](int max_slices, int64_t target) {
+    int s = 1;
+    while (s < max_slices && a.tiles * s < target &&
+           (w.cols + 2 * s - 1) / (2 * s) >= kSliceAlign) {
+      s *= 2;
+    }
+    return s;
+  };
+  if (a.tiles * TileRows(CS::sub) < kClusterMaxRows) {
+    const int cs = split(kMaxCluster * kClusterWarps, int64_t{2} * 128 * kClusterWarps);
+    if (cs >= 2 * kClusterWarps) {
+      const int cluster = std::min(kMaxCluster, cs / kClusterWarps);
+      a.slice = SliceK(w.cols, cluster * kClusterWarps);
+      return LaunchGemvCluster<CC>(a, cluster, stream);
+    }
+  }
+  const int slices = split(std::min(kMaxSlices, CS::sm_warps), int64_t{128} * CS::sm_warps);
+  a.slice = SliceK(w.cols, slices);
+  return LaunchGemvSlices<CS>(a, slices, stream);
+}
+
+// TEMPORARY (A/B on the device; the lead keeps one): DSV4_FP8_GEMV_VARIANT, read once.
+int GemvVariant() {
+  static const int v = [] {
+    const char* e = std::getenv("DSV4_FP8_GEMV_VARIANT");
+    const int n = e != nullptr ? std::atoi(e) : 0;
+    return n >= 0 && n <= 3 ? n : 0;
+  }();
+  return v;
+}
+
+template <int S>
+absl::Status RunVariant(const GemvArgs& a, cudaStream_t stream) {
+  constexpr int kFp32Warps = 16;  // fp32 mode's budget: 128 registers (three x terms)
+  switch (GemvVariant()) {
+    case 1:  // 32-row tiles, 2 steps in flight, 16 warps per SM
+      return RunWave<Cfg<S, 2, 2, 16>, Cfg<S, 2, 2, 16>>(a, stream);
+    case 2:  // 16-row tiles, 4 steps in flight, 16 warps per SM
+      return RunWave<Cfg<S, 1, 4, 16>, Cfg<S, 1, 4, 16>>(a, stream);
+    case 3:  // 16-row tiles, 2 steps in flight, 32 warps per SM (16 in fp32 mode)
+      return RunWave<Cfg<S, 1, 2, S == 1 ? 32 : kFp32Warps>, Cfg<S, 1, 2, 16>>(a, stream);
+    default:  // today's kernel
+      return RunToday<Cfg<S, 2, 1, S == 1 ? 32 : kFp32Warps>, Cfg<S, 2, 1, 16>>(a, stream);
+  }
 }
 
 // ---- dequantisation ----
@@ -498,7 +625,7 @@ bool ValidMatrix(const Fp8Matrix& w) {
 bool Fp8GemvFits(const float* x, int64_t m, const Fp8Matrix& w, int64_t group_rows) {
   return m >= 1 && m <= kFp8GemvMaxRows && ValidMatrix(w) && w.cols % 16 == 0 &&
          w.block_cols % kStepK == 0 && group_rows > 0 && w.rows % group_rows == 0 &&
-         (group_rows == w.rows || group_rows % kTileRows == 0) && Aligned16(x) && Aligned16(w.w);
+         (group_rows == w.rows || group_rows % TileRows(2) == 0) && Aligned16(x) && Aligned16(w.w);
 }
 
 absl::Status Fp8Gemv(const float* x, int64_t m, const Fp8Matrix& w, int64_t group_rows,
@@ -514,25 +641,9 @@ absl::Status Fp8Gemv(const float* x, int64_t m, const Fp8Matrix& w, int64_t grou
   a.ldx = w.rows / group_rows * w.cols;
   a.w = w;
   a.group_rows = group_rows;
-  a.tiles = (w.rows + kTileRows - 1) / kTileRows;
   a.m = static_cast<int>(m);
   a.y = y;
-  // Split k until the grid has kTargetWarps warps, while a slice keeps at least kSliceAlign of k.
-  const int max_slices = round_x_bf16 ? kMaxSlices : kMaxSlicesFp32;
-  int slices = 1;
-  while (slices < max_slices && a.tiles * slices < kTargetWarps &&
-         (w.cols + 2 * slices - 1) / (2 * slices) >= kSliceAlign) {
-    slices *= 2;
-  }
-  a.slice = SliceK(w.cols, slices);
-  if (a.tiles < kClusterMaxTiles && slices >= 2 * kClusterWarps) {
-    const int cluster = std::min(kMaxCluster, slices / kClusterWarps);
-    a.slice = SliceK(w.cols, cluster * kClusterWarps);
-    return round_x_bf16 ? LaunchGemvCluster<1>(a, cluster, stream)
-                        : LaunchGemvCluster<3>(a, cluster, stream);
-  }
-  return round_x_bf16 ? LaunchGemvSlices<1>(a, slices, stream)
-                      : LaunchGemvSlices<3>(a, slices, stream);
+  return round_x_bf16 ? RunVariant<1>(a, stream) : RunVariant<3>(a, stream);
 }
 
 absl::Status Fp8Dequantize(const Fp8Matrix& w, bool to_bf16, void* out, cudaStream_t stream) {
