@@ -3,8 +3,11 @@
 # (FP8 projections, MXFP4 experts) and the graph suite again with dense ones; the kernel
 # bandwidths; decode and TTFT quantised against bf16 side by side on slice3 and Flash cut to 9
 # layers; the largest Flash cut that fits with 64 x 8k of state, quantised.
+#   run19.sh tests   the GPU suites and the kernel benchmarks
+#   run19.sh steps   the step benchmarks and the largest cut
 set -uo pipefail
-tar -C .gpu -xJf .gpu/pack/bundle.tar.xz
+PART=${1:-tests}
+[ -d .gpu/bundle ] || tar -C .gpu -xJf .gpu/pack/bundle.tar.xz
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
 export DSV4_TEST_DATA_DIR=$PWD/tests/data
 B=.gpu/bundle
@@ -19,6 +22,7 @@ PY
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt"
 rc=0
+if [ "$PART" = tests ]; then
 timeout 420 bash $B/run.sh tests/dsv4_gpu_tests > "$OUT/gpu_tests.log" 2>&1 || rc=1
 grep -E "FAILED|PASSED|SKIPPED \]" "$OUT/gpu_tests.log" | tail -8
 DSV4_TEST_WEIGHT_FORMAT=bf16 timeout 200 bash $B/run.sh tests/dsv4_gpu_tests \
@@ -26,6 +30,9 @@ DSV4_TEST_WEIGHT_FORMAT=bf16 timeout 200 bash $B/run.sh tests/dsv4_gpu_tests \
 grep -E "FAILED|PASSED" "$OUT/gpu_tests_dense.log" | tail -3
 timeout 240 bash $B/run.sh bench/dsv4_gpu_kernels_bench --fp8-only > "$OUT/kernels_fp8.log" 2>&1
 timeout 240 bash $B/run.sh bench/dsv4_gpu_kernels_bench ${MOEQ_BENCH_FLAG:---moe-quant-only} > "$OUT/kernels_moe_quant.log" 2>&1
+grep -E "fp8|mxfp4|moe_experts|HBM" "$OUT/kernels_fp8.log" "$OUT/kernels_moe_quant.log" | cut -c1-160 | head -60
+exit $rc
+fi
 bench() { timeout 240 bash $B/run.sh node/dsv4-node bench --device cuda --log-level warning "$@"; }
 SIZES=1,2,4,8,16,24,32,48,64,96,128,192,256
 flash_cut 9 /tmp/flash9.json
