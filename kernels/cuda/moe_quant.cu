@@ -18,6 +18,7 @@
 #include "kernels/cuda/moe_quant.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "common/status.h"
 #include "kernels/common/cuda_check.h"
@@ -103,6 +104,8 @@ constexpr int kDecodeThreads = kDecodeWarps * 32;
 // blocks per SM the down kernel keeps), two of bf16.
 template <class P>
 constexpr int kDecodeUnroll = P::kWords > 1 ? 1 : 2;
+template <>
+constexpr int kDecodeUnroll<Mxfp4FoldDeepWeights> = 2;
 // The down kernel: one warp per routed slot (at most 7: MoeDecodeQuantFits) and up to 4 for the
 // shared expert; two blocks per SM.
 constexpr int kDownMaxWarps = 11;
@@ -117,6 +120,10 @@ template <>
 constexpr int kBytesPer2<Fp8Weights> = 2;
 template <>
 constexpr int kBytesPer2<Mxfp4Weights> = 1;
+template <>
+constexpr int kBytesPer2<Mxfp4FoldWeights> = 1;
+template <>
+constexpr int kBytesPer2<Mxfp4FoldDeepWeights> = 1;
 // Warps per gate/up tile (16 rows of D): 16 k blocks each at D = 4096.
 template <class P>
 constexpr int kGateUpSplit = 2 * kBytesPer2<P>;
@@ -126,6 +133,10 @@ template <class P>
 __host__ __device__ constexpr int DecodeWords(int64_t k) {
   return P::Blocks(k) * P::kWords * 4;
 }
+
+// Whether P expands with the folded scale product (Mxfp4FoldWeights: Big / ExpandBig).
+template <class P>
+constexpr bool kFoldOf = requires { P::kFold; };
 
 // The products of one batch of k blocks [kb, end) (min(kDecodeUnroll<P>, end - kb) of them):
 // each loaded word expanded to kWords bf16 words, two mma steps each. xs(kb, t) is the lane's
@@ -137,6 +148,16 @@ __device__ __forceinline__ void DecodeBatch(const typename P::Raw (&lo)[kDecodeU
 #pragma unroll
   for (int u = 0; u < kDecodeUnroll<P>; ++u) {
     if (kb + u < end) {
+      if constexpr (kFoldOf<P>) {
+        // The warp's lanes are converged here (the tile and its bounds are uniform per warp).
+        if (__any_sync(0xffffffffu, P::Big(lo[u]) || P::Big(hi[u]))) {
+#pragma unroll
+          for (int t = 0; t < P::kWords; ++t) {
+            MmaWord(acc, P::ExpandBig(lo[u], t), P::ExpandBig(hi[u], t), xs(kb + u, t));
+          }
+          continue;
+        }
+      }
 #pragma unroll
       for (int t = 0; t < P::kWords; ++t) {
         MmaWord(acc, P::Expand(lo[u], t), P::Expand(hi[u], t), xs(kb + u, t));
@@ -327,6 +348,14 @@ const Mxfp4Matrix& Routed<Mxfp4Weights>(const QuantExperts& w, bool gate_up) {
   return gate_up ? w.fp4_gate_up : w.fp4_down;
 }
 template <>
+const Mxfp4Matrix& Routed<Mxfp4FoldWeights>(const QuantExperts& w, bool gate_up) {
+  return gate_up ? w.fp4_gate_up : w.fp4_down;
+}
+template <>
+const Mxfp4Matrix& Routed<Mxfp4FoldDeepWeights>(const QuantExperts& w, bool gate_up) {
+  return gate_up ? w.fp4_gate_up : w.fp4_down;
+}
+template <>
 const Fp8Matrix& Routed<Fp8Weights>(const QuantExperts& w, bool gate_up) {
   return gate_up ? w.fp8_gate_up : w.fp8_down;
 }
@@ -354,7 +383,7 @@ bool DecodeRoutedFits<Fp8Weights>(const MoeDecodeArgs& a, const QuantExperts& w)
 // Largest dynamic shared memory the decode kernels ask for (the H200 allows 227 KiB a block).
 constexpr size_t kDecodeMaxSmemBytes = 200 * 1024;
 
-template <class RP, class SP>
+template <class RP, class SP, class RPD = RP>
 absl::Status LaunchDecode(const MoeDecodeArgs& a, const QuantExperts& w,
                           const typename SP::Matrix& shared_gu,
                           const typename SP::Matrix& shared_dn, bool has_shared,
@@ -381,7 +410,7 @@ absl::Status LaunchDecode(const MoeDecodeArgs& a, const QuantExperts& w,
     return absl::InvalidArgumentError("MoeDecodeQuant: too many slots or too wide for the kernels");
   }
   auto gate_up = DecodeGateUpKernel<RP, SP>;
-  auto down = DecodeDownKernel<RP, SP>;
+  auto down = DecodeDownKernel<RPD, SP>;
   CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(gate_up, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(gu_smem)));
   CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(down, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -391,19 +420,32 @@ absl::Status LaunchDecode(const MoeDecodeArgs& a, const QuantExperts& w,
                                  routed_blocks));
   CUDA_RETURN_IF_ERROR(LaunchPdl(
       down, dim3(static_cast<unsigned>((a.dim + kDownRows - 1) / kDownRows)), dim3(warps * 32),
-      dn_smem, stream, a, Routed<RP>(w, false), shared_dn, shared_warps, warp_words));
+      dn_smem, stream, a, Routed<RPD>(w, false), shared_dn, shared_warps, warp_words));
   return absl::OkStatus();
 }
 
-template <class RP>
+// The single-token kernels' variant (TEMPORARY, for A/B runs on the device; read once):
+// DSV4_MOEQ_DECODE_VARIANT = 0 or unset: Mxfp4Weights (two bf16 products per expanded pair);
+// 1: Mxfp4FoldWeights (one product, the 2^126 folded into the scale); >= 2: the same with two k
+// blocks a batch in the gate/up kernel (Mxfp4FoldDeepWeights). Same bits in every variant.
+int DecodeVariant() {
+  static const int v = [] {
+    const char* e = std::getenv("DSV4_MOEQ_DECODE_VARIANT");
+    return e == nullptr ? 0 : std::atoi(e);
+  }();
+  return v;
+}
+
+// RP: the routed experts' policy in the gate/up kernel, RPD in the down kernel.
+template <class RP, class RPD = RP>
 absl::Status DecodeFor(const MoeDecodeArgs& a, const QuantExperts& w, const Fp8Matrix* sgu,
                        const Fp8Matrix* sdn, cudaStream_t stream) {
   if (sgu != nullptr) {
-    return LaunchDecode<RP, Fp8Weights>(a, w, *sgu, *sdn, true, stream);
+    return LaunchDecode<RP, Fp8Weights, RPD>(a, w, *sgu, *sdn, true, stream);
   }
-  return LaunchDecode<RP, Bf16Weights>(a, w, static_cast<const __nv_bfloat16*>(a.shared_gate_up),
-                                       static_cast<const __nv_bfloat16*>(a.shared_down),
-                                       a.shared_gate_up != nullptr, stream);
+  return LaunchDecode<RP, Bf16Weights, RPD>(
+      a, w, static_cast<const __nv_bfloat16*>(a.shared_gate_up),
+      static_cast<const __nv_bfloat16*>(a.shared_down), a.shared_gate_up != nullptr, stream);
 }
 
 }  // namespace
@@ -475,6 +517,14 @@ absl::Status MoeDecodeQuant(const MoeDecodeArgs& a, const QuantExperts& w,
     }
   }
   if (w.format == QuantFormat::kMxfp4) {
+    if (DecodeVariant() >= 2) {
+      // The down kernel keeps one k block a batch (two spill at its two blocks per SM).
+      return DecodeFor<Mxfp4FoldDeepWeights, Mxfp4FoldWeights>(a, w, shared_gate_up_fp8,
+                                                               shared_down_fp8, stream);
+    }
+    if (DecodeVariant() == 1) {
+      return DecodeFor<Mxfp4FoldWeights>(a, w, shared_gate_up_fp8, shared_down_fp8, stream);
+    }
     return DecodeFor<Mxfp4Weights>(a, w, shared_gate_up_fp8, shared_down_fp8, stream);
   }
   return DecodeFor<Fp8Weights>(a, w, shared_gate_up_fp8, shared_down_fp8, stream);
