@@ -549,7 +549,8 @@ struct Mxfp4Weights {
 // MXFP4 with the folded scale product (Mxfp4Bf16x8Fold): the same layout, loads and staging as
 // Mxfp4Weights, and the same bf16 values. Expand gives the words of scales s <= 128; a warp in
 // which Big(raw) holds for any lane takes ExpandBig (two products) for that k block instead.
-// Only the single-token kernels use it (moe_quant.cu, DSV4_MOEQ_DECODE_VARIANT >= 1).
+// Used with DSV4_MOEQ_DECODE_VARIANT >= 1 (moe_quant.cu): the single-token kernels and
+// ExpertMmaKernel.
 struct Mxfp4FoldWeights : Mxfp4Weights {
   static constexpr bool kFold = true;
   __device__ __forceinline__ static bool Big(const Raw& r) { return r.s > 128u; }
@@ -565,9 +566,12 @@ struct Mxfp4FoldWeights : Mxfp4Weights {
   }
 };
 
-// The same, for the single-token kernels' deeper batches (two k blocks a batch: twice the bytes
-// in flight per warp; DSV4_MOEQ_DECODE_VARIANT = 2).
-struct Mxfp4FoldDeepWeights : Mxfp4FoldWeights {};
+// The same, for the single-token gate/up kernel's finer K split (DSV4_MOEQ_DECODE_VARIANT = 3).
+struct Mxfp4FoldFineWeights : Mxfp4FoldWeights {};
+
+// Whether P expands with the folded scale product (Big / ExpandBig).
+template <class P>
+constexpr bool kFoldOf = requires { P::kFold; };
 
 // FP8 (Fp8Matrix, block_cols = 64 << shift, shift >= 0): quad lane q of k block kb holds columns
 // 64 kb + 16 q .. + 15, all in scale column kb >> shift; word t (columns + 8 t ..) expands with
@@ -995,6 +999,18 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
 #pragma unroll
           for (int u = 0; u < kUnroll; ++u) {
             if (kb + u < kb_end) {
+              if constexpr (kFoldOf<P>) {
+                // A warp with any scale above 2^1 in this k block takes the two products (the
+                // lanes are converged: the tile and its bounds are uniform per warp).
+                if (__any_sync(0xffffffffu, P::Big(l[u]) || P::Big(h[u]))) {
+#pragma unroll
+                  for (int t = 0; t < kW; ++t) {
+                    MmaWord(acc, P::ExpandBig(l[u], t), P::ExpandBig(h[u], t),
+                            xs[((kb + u) * kW + t) * 32]);
+                  }
+                  continue;
+                }
+              }
 #pragma unroll
               for (int t = 0; t < kW; ++t) {
                 MmaWord(acc, P::Expand(l[u], t), P::Expand(h[u], t),
@@ -1206,7 +1222,10 @@ absl::Status RunExpertMma(const ExpertsDims& d, const float* u, const float* wei
       MoeSplitK(MmaBlocks<true, 1>(d.inter), max_active), max_active, stream, u, d.dim, true,
       false, d.top_k, gate_up, d.inter, d.dim, d.swiglu_limit, w.order, w.offsets, w.active,
       w.num_active, 0, use_wide, h)));
-  if (use_wide) {
+  if constexpr (kFoldOf<P>) {
+    // The folded expansion is only in ExpertMmaKernel (its caller passes use_wide = false).
+    if (use_wide) return absl::InternalError("RunExpertMma: no wide kernel for this format");
+  } else if (use_wide) {
     RETURN_IF_ERROR((LaunchExpertMmaWideFor<P, float, true>(
         d.experts, a, max_active, stream, u, d.dim, true, false, d.top_k, gate_up, d.inter, d.dim,
         d.swiglu_limit, w.order, w.offsets, w.wide, w.num_wide, h)));
@@ -1215,10 +1234,12 @@ absl::Status RunExpertMma(const ExpertsDims& d, const float* u, const float* wei
       MoeSplitK(MmaBlocks<false, 1>(d.dim), max_active), max_active, stream, h, d.inter, false,
       true, d.top_k, down, d.dim, d.inter, 0.0f, w.order, w.offsets, w.active, w.num_active, 0,
       use_wide, w.y)));
-  if (use_wide) {
-    RETURN_IF_ERROR((LaunchExpertMmaWideFor<P, __nv_bfloat16, false>(
-        d.experts, a, max_active, stream, h, d.inter, false, true, d.top_k, down, d.dim, d.inter,
-        0.0f, w.order, w.offsets, w.wide, w.num_wide, w.y)));
+  if constexpr (!kFoldOf<P>) {
+    if (use_wide) {
+      RETURN_IF_ERROR((LaunchExpertMmaWideFor<P, __nv_bfloat16, false>(
+          d.experts, a, max_active, stream, h, d.inter, false, true, d.top_k, down, d.dim,
+          d.inter, 0.0f, w.order, w.offsets, w.wide, w.num_wide, w.y)));
+    }
   }
   return CombineAssignments(d, w.y, nullptr, weights, out, stream);
 }
