@@ -401,6 +401,30 @@ __device__ __forceinline__ uint4 Mxfp4Bf16x8(uint32_t w, uint32_t scale2) {
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
+// The same 8 codes with one bf16 product per pair instead of two: `fold2` (E8M0FoldBf16x2) is
+// 2^126 times the group scale in one factor, 2^(s - 1), which bf16 holds for s <= 128; the
+// product bits * 2^(s - 1) is the value times 2^(s - 127), exact as above. For s > 128 (weights
+// of magnitude above 12, which the released experts do not have) the factor is capped at 2^127
+// and a second product by E8M0RestBf16x2 = 2^(s - 128) follows, taken by the caller for a whole
+// warp when any of its lanes needs it (Mxfp4FoldWeights::Big). Three integer operations and one
+// bf16x2 product per pair.
+__device__ __forceinline__ uint32_t E8M0FoldBf16x2(uint32_t s) {
+  return (min(s, 128u) + 126u) * 0x00800080u;  // exponent field s + 126 in both halves
+}
+__device__ __forceinline__ uint32_t E8M0RestBf16x2(uint32_t s) {
+  return s <= 128u ? 0x3F803F80u : s == 255u ? 0x7F807F80u : (s - 1u) * 0x00800080u;
+}
+__device__ __forceinline__ uint4 Mxfp4Bf16x8Fold(uint32_t w, uint32_t fold2) {
+  uint32_t o[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t v = w << (4 * (3 - j));
+    const uint32_t bits = (v & 0x80008000u) | ((v >> 6) & 0x01C001C0u);
+    o[j] = MulBf16x2(bits, fold2);
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
 // 8 e4m3 bytes (columns base + 0..7 in order: bytes of lo, then of hi) times the block scale,
 // each product in fp32 and rounded to bf16 (the documented bf16 rounding of FP8 weights; the
 // reference's fp32 values E4M3Value(b) * scale, rounded once), as pairs (0,1) (2,3) (4,5) (6,7).
@@ -521,6 +545,33 @@ struct Mxfp4Weights {
     return static_cast<int>((k_in / 32 - quad + 3) / 4);
   }
 };
+
+// MXFP4 with the folded scale product (Mxfp4Bf16x8Fold): the same layout, loads and staging as
+// Mxfp4Weights, and the same bf16 values. Expand gives the words of scales s <= 128; a warp in
+// which Big(raw) holds for any lane takes ExpandBig (two products) for that k block instead.
+// Used with DSV4_MOEQ_DECODE_VARIANT >= 1 (moe_quant.cu): the single-token kernels and
+// ExpertMmaKernel.
+struct Mxfp4FoldWeights : Mxfp4Weights {
+  static constexpr bool kFold = true;
+  __device__ __forceinline__ static bool Big(const Raw& r) { return r.s > 128u; }
+  __device__ __forceinline__ static uint4 Expand(const Raw& r, int t) {
+    const uint32_t w = t == 0 ? r.w.x : t == 1 ? r.w.y : t == 2 ? r.w.z : r.w.w;
+    return Mxfp4Bf16x8Fold(w, E8M0FoldBf16x2(r.s));
+  }
+  __device__ __forceinline__ static uint4 ExpandBig(const Raw& r, int t) {
+    const uint4 a = Expand(r, t);
+    const uint32_t rest = E8M0RestBf16x2(r.s);
+    return make_uint4(MulBf16x2(a.x, rest), MulBf16x2(a.y, rest), MulBf16x2(a.z, rest),
+                      MulBf16x2(a.w, rest));
+  }
+};
+
+// The same, for the single-token gate/up kernel's finer K split (DSV4_MOEQ_DECODE_VARIANT = 3).
+struct Mxfp4FoldFineWeights : Mxfp4FoldWeights {};
+
+// Whether P expands with the folded scale product (Big / ExpandBig).
+template <class P>
+constexpr bool kFoldOf = requires { P::kFold; };
 
 // FP8 (Fp8Matrix, block_cols = 64 << shift, shift >= 0): quad lane q of k block kb holds columns
 // 64 kb + 16 q .. + 15, all in scale column kb >> shift; word t (columns + 8 t ..) expands with
@@ -948,6 +999,18 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
 #pragma unroll
           for (int u = 0; u < kUnroll; ++u) {
             if (kb + u < kb_end) {
+              if constexpr (kFoldOf<P>) {
+                // A warp with any scale above 2^1 in this k block takes the two products (the
+                // lanes are converged: the tile and its bounds are uniform per warp).
+                if (__any_sync(0xffffffffu, P::Big(l[u]) || P::Big(h[u]))) {
+#pragma unroll
+                  for (int t = 0; t < kW; ++t) {
+                    MmaWord(acc, P::ExpandBig(l[u], t), P::ExpandBig(h[u], t),
+                            xs[((kb + u) * kW + t) * 32]);
+                  }
+                  continue;
+                }
+              }
 #pragma unroll
               for (int t = 0; t < kW; ++t) {
                 MmaWord(acc, P::Expand(l[u], t), P::Expand(h[u], t),
@@ -1159,7 +1222,10 @@ absl::Status RunExpertMma(const ExpertsDims& d, const float* u, const float* wei
       MoeSplitK(MmaBlocks<true, 1>(d.inter), max_active), max_active, stream, u, d.dim, true,
       false, d.top_k, gate_up, d.inter, d.dim, d.swiglu_limit, w.order, w.offsets, w.active,
       w.num_active, 0, use_wide, h)));
-  if (use_wide) {
+  if constexpr (kFoldOf<P>) {
+    // The folded expansion is only in ExpertMmaKernel (its caller passes use_wide = false).
+    if (use_wide) return absl::InternalError("RunExpertMma: no wide kernel for this format");
+  } else if (use_wide) {
     RETURN_IF_ERROR((LaunchExpertMmaWideFor<P, float, true>(
         d.experts, a, max_active, stream, u, d.dim, true, false, d.top_k, gate_up, d.inter, d.dim,
         d.swiglu_limit, w.order, w.offsets, w.wide, w.num_wide, h)));
@@ -1168,10 +1234,12 @@ absl::Status RunExpertMma(const ExpertsDims& d, const float* u, const float* wei
       MoeSplitK(MmaBlocks<false, 1>(d.dim), max_active), max_active, stream, h, d.inter, false,
       true, d.top_k, down, d.dim, d.inter, 0.0f, w.order, w.offsets, w.active, w.num_active, 0,
       use_wide, w.y)));
-  if (use_wide) {
-    RETURN_IF_ERROR((LaunchExpertMmaWideFor<P, __nv_bfloat16, false>(
-        d.experts, a, max_active, stream, h, d.inter, false, true, d.top_k, down, d.dim, d.inter,
-        0.0f, w.order, w.offsets, w.wide, w.num_wide, w.y)));
+  if constexpr (!kFoldOf<P>) {
+    if (use_wide) {
+      RETURN_IF_ERROR((LaunchExpertMmaWideFor<P, __nv_bfloat16, false>(
+          d.experts, a, max_active, stream, h, d.inter, false, true, d.top_k, down, d.dim,
+          d.inter, 0.0f, w.order, w.offsets, w.wide, w.num_wide, w.y)));
+    }
   }
   return CombineAssignments(d, w.y, nullptr, weights, out, stream);
 }

@@ -18,6 +18,8 @@
 #include "kernels/cuda/moe_quant.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <type_traits>
 
 #include "common/status.h"
 #include "kernels/common/cuda_check.h"
@@ -26,6 +28,21 @@
 
 namespace dsv4::cuda {
 namespace {
+
+// The single-token kernels' variant (TEMPORARY, for A/B runs on the device; read once):
+// DSV4_MOEQ_DECODE_VARIANT = 0 or unset: Mxfp4Weights (two bf16 products per expanded pair);
+// 1: Mxfp4FoldWeights (one product, the 2^126 folded into the scale); 2: variant 1 with the
+// shared expert's gate/up blocks first; >= 3: variant 2 with the routed gate/up tiles over 4
+// warps (Mxfp4FoldFineWeights). Variants 0-2 give the same bits; 3 sums its K slices
+// differently (as deterministic, rounding apart). From 1 the grouped path's 8-token kernel
+// (ExpertMmaKernel, bf16 mode, no wide pass) expands MXFP4 the same way.
+int DecodeVariant() {
+  static const int v = [] {
+    const char* e = std::getenv("DSV4_MOEQ_DECODE_VARIANT");
+    return e == nullptr ? 0 : std::atoi(e);
+  }();
+  return v;
+}
 
 // ---- Many tokens ----
 
@@ -88,6 +105,11 @@ absl::Status RunQuantExperts(const ExpertsDims& d, const float* u, const int32_t
   const bool mma = !exact && mma_ok && QuantMmaFits<P>(d, u, gate_up, down);
   const bool use_wide = mma && UseWide(wide, d.tokens, d.tokens * d.top_k, d.experts);
   RETURN_IF_ERROR(SortAssignments(d, idx, use_wide, w, stream));
+  if constexpr (std::is_same_v<P, Mxfp4Weights>) {
+    if (mma && !use_wide && DecodeVariant() >= 1) {
+      return RunExpertMma<Mxfp4FoldWeights>(d, u, weights, gate_up, down, false, w, out, stream);
+    }
+  }
   if (mma) return RunExpertMma<P>(d, u, weights, gate_up, down, use_wide, w, out, stream);
   if (exact) return RunExpertFma<R>(d, u, weights, gate_up, down, w, out, stream);
   return RunExpertFma<Rb>(d, u, weights, gate_up, down, w, out, stream);
@@ -117,9 +139,17 @@ template <>
 constexpr int kBytesPer2<Fp8Weights> = 2;
 template <>
 constexpr int kBytesPer2<Mxfp4Weights> = 1;
+template <>
+constexpr int kBytesPer2<Mxfp4FoldWeights> = 1;
+template <>
+constexpr int kBytesPer2<Mxfp4FoldFineWeights> = 1;
 // Warps per gate/up tile (16 rows of D): 16 k blocks each at D = 4096.
 template <class P>
 constexpr int kGateUpSplit = 2 * kBytesPer2<P>;
+// Variant 3: the routed MXFP4 tiles over 4 warps (8 KiB each): twice the blocks, half the size,
+// so that the last partial wave is shorter.
+template <>
+constexpr int kGateUpSplit<Mxfp4FoldFineWeights> = 4;
 
 // Staged activation words (16 bytes) of a reduction of length k in the format P, one token.
 template <class P>
@@ -137,6 +167,16 @@ __device__ __forceinline__ void DecodeBatch(const typename P::Raw (&lo)[kDecodeU
 #pragma unroll
   for (int u = 0; u < kDecodeUnroll<P>; ++u) {
     if (kb + u < end) {
+      if constexpr (kFoldOf<P>) {
+        // The warp's lanes are converged here (the tile and its bounds are uniform per warp).
+        if (__any_sync(0xffffffffu, P::Big(lo[u]) || P::Big(hi[u]))) {
+#pragma unroll
+          for (int t = 0; t < P::kWords; ++t) {
+            MmaWord(acc, P::ExpandBig(lo[u], t), P::ExpandBig(hi[u], t), xs(kb + u, t));
+          }
+          continue;
+        }
+      }
 #pragma unroll
       for (int t = 0; t < P::kWords; ++t) {
         MmaWord(acc, P::Expand(lo[u], t), P::Expand(hi[u], t), xs(kb + u, t));
@@ -231,14 +271,24 @@ __device__ __forceinline__ void GateUpBlock(const MoeDecodeArgs& a, const typena
 
 // Blocks [0, routed_blocks): the routed slots' tiles (format RP); the rest: the shared expert's
 // (format SP; none when there is no shared expert or its SwiGLU came ahead in a.shared_h).
-template <class RP, class SP>
+// kSharedFirst (variants 2 and 3): the shared expert's blocks first instead, [0,
+// shared_blocks), then the routed ones: the blocks that request their weights before the PDL
+// wait are the ones that start first.
+template <class RP, class SP, bool kSharedFirst>
 __global__ void __launch_bounds__(kDecodeThreads, 3)
     DecodeGateUpKernel(const MoeDecodeArgs a, const typename RP::Matrix routed,
-                       const typename SP::Matrix shared, unsigned routed_blocks) {
+                       const typename SP::Matrix shared, unsigned routed_blocks,
+                       unsigned shared_blocks) {
   PdlTrigger();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   uint4* sx = reinterpret_cast<uint4*>(smem_raw);
-  if (blockIdx.x < routed_blocks) {
+  if constexpr (kSharedFirst) {
+    if (blockIdx.x < shared_blocks) {
+      GateUpBlock<SP, kGateUpSplit<SP>>(a, shared, true, blockIdx.x, sx);
+    } else {
+      GateUpBlock<RP, kGateUpSplit<RP>>(a, routed, false, blockIdx.x - shared_blocks, sx);
+    }
+  } else if (blockIdx.x < routed_blocks) {
     GateUpBlock<RP, kGateUpSplit<RP>>(a, routed, false, blockIdx.x, sx);
   } else {
     GateUpBlock<SP, kGateUpSplit<SP>>(a, shared, true, blockIdx.x - routed_blocks, sx);
@@ -327,6 +377,14 @@ const Mxfp4Matrix& Routed<Mxfp4Weights>(const QuantExperts& w, bool gate_up) {
   return gate_up ? w.fp4_gate_up : w.fp4_down;
 }
 template <>
+const Mxfp4Matrix& Routed<Mxfp4FoldWeights>(const QuantExperts& w, bool gate_up) {
+  return gate_up ? w.fp4_gate_up : w.fp4_down;
+}
+template <>
+const Mxfp4Matrix& Routed<Mxfp4FoldFineWeights>(const QuantExperts& w, bool gate_up) {
+  return gate_up ? w.fp4_gate_up : w.fp4_down;
+}
+template <>
 const Fp8Matrix& Routed<Fp8Weights>(const QuantExperts& w, bool gate_up) {
   return gate_up ? w.fp8_gate_up : w.fp8_down;
 }
@@ -354,7 +412,7 @@ bool DecodeRoutedFits<Fp8Weights>(const MoeDecodeArgs& a, const QuantExperts& w)
 // Largest dynamic shared memory the decode kernels ask for (the H200 allows 227 KiB a block).
 constexpr size_t kDecodeMaxSmemBytes = 200 * 1024;
 
-template <class RP, class SP>
+template <class RP, class SP, class RPD, bool kSharedFirst>
 absl::Status LaunchDecode(const MoeDecodeArgs& a, const QuantExperts& w,
                           const typename SP::Matrix& shared_gu,
                           const typename SP::Matrix& shared_dn, bool has_shared,
@@ -380,30 +438,32 @@ absl::Status LaunchDecode(const MoeDecodeArgs& a, const QuantExperts& w,
   if (warps > kDownMaxWarps || gu_smem > kDecodeMaxSmemBytes || dn_smem > kDecodeMaxSmemBytes) {
     return absl::InvalidArgumentError("MoeDecodeQuant: too many slots or too wide for the kernels");
   }
-  auto gate_up = DecodeGateUpKernel<RP, SP>;
-  auto down = DecodeDownKernel<RP, SP>;
+  auto gate_up = DecodeGateUpKernel<RP, SP, kSharedFirst>;
+  auto down = DecodeDownKernel<RPD, SP>;
   CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(gate_up, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(gu_smem)));
   CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(down, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(dn_smem)));
   CUDA_RETURN_IF_ERROR(LaunchPdl(gate_up, dim3(routed_blocks + shared_blocks), dim3(kDecodeThreads),
                                  gu_smem, stream, a, Routed<RP>(w, true), shared_gu,
-                                 routed_blocks));
+                                 routed_blocks, shared_blocks));
   CUDA_RETURN_IF_ERROR(LaunchPdl(
       down, dim3(static_cast<unsigned>((a.dim + kDownRows - 1) / kDownRows)), dim3(warps * 32),
-      dn_smem, stream, a, Routed<RP>(w, false), shared_dn, shared_warps, warp_words));
+      dn_smem, stream, a, Routed<RPD>(w, false), shared_dn, shared_warps, warp_words));
   return absl::OkStatus();
 }
 
-template <class RP>
+// RP: the routed experts' policy in the gate/up kernel, RPD in the down kernel; kSharedFirst as
+// in DecodeGateUpKernel.
+template <class RP, class RPD = RP, bool kSharedFirst = false>
 absl::Status DecodeFor(const MoeDecodeArgs& a, const QuantExperts& w, const Fp8Matrix* sgu,
                        const Fp8Matrix* sdn, cudaStream_t stream) {
   if (sgu != nullptr) {
-    return LaunchDecode<RP, Fp8Weights>(a, w, *sgu, *sdn, true, stream);
+    return LaunchDecode<RP, Fp8Weights, RPD, kSharedFirst>(a, w, *sgu, *sdn, true, stream);
   }
-  return LaunchDecode<RP, Bf16Weights>(a, w, static_cast<const __nv_bfloat16*>(a.shared_gate_up),
-                                       static_cast<const __nv_bfloat16*>(a.shared_down),
-                                       a.shared_gate_up != nullptr, stream);
+  return LaunchDecode<RP, Bf16Weights, RPD, kSharedFirst>(
+      a, w, static_cast<const __nv_bfloat16*>(a.shared_gate_up),
+      static_cast<const __nv_bfloat16*>(a.shared_down), a.shared_gate_up != nullptr, stream);
 }
 
 }  // namespace
@@ -475,6 +535,14 @@ absl::Status MoeDecodeQuant(const MoeDecodeArgs& a, const QuantExperts& w,
     }
   }
   if (w.format == QuantFormat::kMxfp4) {
+    const Fp8Matrix *sgu = shared_gate_up_fp8, *sdn = shared_down_fp8;
+    if (DecodeVariant() >= 3) {
+      return DecodeFor<Mxfp4FoldFineWeights, Mxfp4FoldWeights, true>(a, w, sgu, sdn, stream);
+    }
+    if (DecodeVariant() == 2) {
+      return DecodeFor<Mxfp4FoldWeights, Mxfp4FoldWeights, true>(a, w, sgu, sdn, stream);
+    }
+    if (DecodeVariant() == 1) return DecodeFor<Mxfp4FoldWeights>(a, w, sgu, sdn, stream);
     return DecodeFor<Mxfp4Weights>(a, w, shared_gate_up_fp8, shared_down_fp8, stream);
   }
   return DecodeFor<Fp8Weights>(a, w, shared_gate_up_fp8, shared_down_fp8, stream);

@@ -31,8 +31,10 @@ constexpr float kLimit = 10.0f;  // swiglu_limit
 // UE8M0 scales of the random MXFP4 matrices: 2^-8 .. 2^-4.
 constexpr int kScaleLo = 127 - 8, kScaleHi = 127 - 4;
 
-// One random [rows, cols] matrix in `format`.
-StoredWeight RandomPart(WeightFormat format, int64_t rows, int64_t cols, std::mt19937& rng) {
+// One random [rows, cols] matrix in `format`. MXFP4 with big_one_in > 0: about one scale in
+// big_one_in is 2^2 .. 2^4 instead (UE8M0 above 128: the single-token kernels' second product).
+StoredWeight RandomPart(WeightFormat format, int64_t rows, int64_t cols, std::mt19937& rng,
+                        int big_one_in = 0) {
   StoredWeight w;
   w.name = "expert";
   w.format = format;
@@ -44,8 +46,10 @@ StoredWeight RandomPart(WeightFormat format, int64_t rows, int64_t cols, std::mt
       for (size_t b = 0; b < 4 && i + b < w.data.size(); ++b) w.data[i + b] = r >> (8 * b);
     }
     w.scale_e8m0.resize(static_cast<size_t>(rows * cols / 32));
-    for (auto& s : w.scale_e8m0)
+    for (auto& s : w.scale_e8m0) {
       s = static_cast<uint8_t>(kScaleLo + rng() % (kScaleHi - kScaleLo + 1));
+      if (big_one_in > 0 && rng() % big_one_in == 0) s = static_cast<uint8_t>(129 + rng() % 3);
+    }
   } else {
     // e4m3 bytes but the two NaNs (0x7f, 0xff); fp32 block scales (not powers of two: the GPU's
     // bf16 rounding of e4m3 x scale is exercised) keeping |W| <= 448 x 2^-11.
@@ -69,14 +73,14 @@ struct StoredExperts {
   StoredWeight gate_up, down;
 };
 StoredExperts RandomExperts(WeightFormat format, int64_t experts, int64_t dim, int64_t inter,
-                            uint32_t seed) {
+                            uint32_t seed, int big_one_in = 0) {
   std::mt19937 rng(seed);
   const int64_t n = experts == 0 ? 1 : experts;
   std::vector<StoredWeight> gu, dn;
   for (int64_t e = 0; e < n; ++e) {
-    gu.push_back(RandomPart(format, inter, dim, rng));  // w1
-    gu.push_back(RandomPart(format, inter, dim, rng));  // w3
-    dn.push_back(RandomPart(format, dim, inter, rng));  // w2
+    gu.push_back(RandomPart(format, inter, dim, rng, big_one_in));  // w1
+    gu.push_back(RandomPart(format, inter, dim, rng, big_one_in));  // w3
+    dn.push_back(RandomPart(format, dim, inter, rng, big_one_in));  // w2
   }
   auto g = StackParts(std::move(gu),
                       experts == 0 ? Shape{2 * inter, dim} : Shape{experts, 2 * inter, dim});
@@ -142,6 +146,7 @@ struct Case {
   int64_t experts, dim, inter, top_k;
   std::vector<int32_t> tokens;
   bool hot = false;  // HotRouting instead of RandomRouting
+  int big_one_in = 0;  // routed MXFP4 scales above 2^1 (RandomPart)
 };
 
 // MoeExperts CPU vs GPU for every token count of `c` and each shared-expert kind in `shared`.
@@ -152,7 +157,8 @@ void CompareExperts(Precision prec, WeightFormat format, const Case& c,
   BackendPair p(prec);
   ASSERT_TRUE(p.gpu != nullptr);
   const bool bf16 = prec == Precision::kBF16;
-  const StoredExperts routed = RandomExperts(format, c.experts, c.dim, c.inter, seed);
+  const StoredExperts routed =
+      RandomExperts(format, c.experts, c.dim, c.inter, seed, c.big_one_in);
   Both gate_up = Stored(p, routed.gate_up), down = Stored(p, routed.down);
   ASSERT_TRUE(gate_up.g.quantized());
   const StoredExperts sfp8 = RandomExperts(WeightFormat::kFp8Block, 0, c.dim, c.inter, seed + 1);
@@ -242,6 +248,21 @@ TEST(CudaMoeQuant, FlashMxfp4SlotsAndPrefill) {
                  {Shared::kNone, Shared::kDense, Shared::kFp8}, 300, &skipped);
   CompareExperts(Precision::kBF16, WeightFormat::kMxfp4, Case{32, 4096, 2048, 6, {1000}},
                  {Shared::kNone}, 310, &skipped);
+  Report(skipped);
+}
+
+// MXFP4 scales above 2^1 (UE8M0 129 .. 131, about one in 256, so that some warps' k blocks have
+// one and others not): the single-token kernels' expansion takes its second bf16 product for
+// those warps (moe_mma.cuh Mxfp4FoldWeights), the grouped kernels their usual two; both must
+// still give the reference's values.
+TEST(CudaMoeQuant, Mxfp4LargeScalesMatchReference) {
+  DSV4_REQUIRE_GPU();
+  int skipped = 0;
+  for (Precision prec : {Precision::kBF16, Precision::kFP32}) {
+    SCOPED_TRACE(PrecisionName(prec));
+    CompareExperts(prec, WeightFormat::kMxfp4, Case{8, 1024, 512, 6, {1, 7}, false, 256},
+                   {Shared::kNone, Shared::kDense, Shared::kFp8}, 800, &skipped);
+  }
   Report(skipped);
 }
 
