@@ -268,10 +268,10 @@ class CudaBackend final : public Backend {
   int32_t max_position_bound_ = -1;
   Tensor step_scores_;  // the indexer's scores of this step (op arena)
   // Scratch of a layer given to the next (StepMark::kLayerBegin / kLayerEnd) in eager steps of at
-  // least kLayerReuseMinTokens tokens: a prefill's scratch is one layer's, not the model's. Not
-  // in captured or piecewise steps (their addresses are the graphs'), nor in small eager steps
-  // (the join at each layer's end would put the deferred gates back on the critical path).
-  static constexpr int32_t kLayerReuseMinTokens = 128;
+  // least kLayerReuseMinTokens tokens (dsv4_model.h, which the memory plan counts by): a
+  // prefill's scratch is one layer's, not the model's. Not in captured or piecewise steps (their
+  // addresses are the graphs'), nor in small eager steps (the join at each layer's end would put
+  // the deferred gates back on the critical path of a decode batch).
   bool layer_reuse_ = false;  // the open layer's scratch goes back at its kLayerEnd
   std::pair<size_t, size_t> layer_mark_model_, layer_mark_op_;
   absl::Status LayerMark(StepMark mark);

@@ -42,6 +42,10 @@ struct CacheConfig {
   static constexpr int32_t kDefaultStepTokens = 2048;
 };
 
+// Eager steps of at least this many tokens may reuse a layer's scratch for the next
+// (StepMark::kLayerBegin); the memory plan counts every layer's for smaller steps.
+constexpr int32_t kLayerReuseMinTokens = 32;
+
 // Smallest multiple of every compression ratio in use that is >= 64.
 int32_t DefaultBlockSize(const ModelConfig& config);
 
@@ -153,8 +157,8 @@ class Dsv4Model {
 
   // Scratch of the largest step `cache` allows: the tensors carried across layers plus one
   // layer's (a backend that reuses a layer's scratch for the next in large steps, as the CUDA
-  // backend does from 128 tokens; see StepMark::kLayerBegin) or every layer's (steps below
-  // that, at most num_slots or 512 tokens: decode batches), with an allowance for the ops' own
+  // backend does from kLayerReuseMinTokens; see StepMark::kLayerBegin) or every layer's (steps
+  // below that and captured decode batches: at most num_slots or 512 tokens), with the ops' own
   // temporaries (bf16 operand copies, the expert workspace, the indexer's scores).
   static uint64_t StepScratchBytes(const ModelConfig& config, const CacheConfig& cache);
 
