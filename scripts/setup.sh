@@ -16,6 +16,8 @@ PACKAGES=(
   libopenblas-dev nlohmann-json3-dev libcli11-dev libabsl-dev libpcre2-dev
   libgtest-dev libgmock-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler prometheus-cpp-dev
+  # CPU ranks' collectives (parallel/gloo_communicator.h)
+  libgloo-dev
   # HTTP listeners: Boost.Beast (header-only) with OpenSSL for TLS
   libboost-dev libssl-dev
 )
