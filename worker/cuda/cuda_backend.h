@@ -268,7 +268,7 @@ class CudaBackend final : public Backend {
   int32_t max_position_bound_ = -1;
   Tensor step_scores_;  // the indexer's scores of this step (op arena)
   // Scratch of a layer given to the next (StepMark::kLayerBegin / kLayerEnd) in eager steps of at
-  // least kLayerReuseMinTokens tokens (dsv4_model.h, which the memory plan counts by): a
+  // least kLayerReuseMinTokens tokens (backend.h, which the memory plan counts by): a
   // prefill's scratch is one layer's, not the model's. Not in captured or piecewise steps (their
   // addresses are the graphs'), nor in small eager steps (the join at each layer's end would put
   // the deferred gates back on the critical path of a decode batch).

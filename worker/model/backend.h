@@ -73,6 +73,11 @@ enum class StepMark {
   kSideJoin,
 };
 
+// Eager steps of at least this many tokens may reuse a layer's scratch for the next
+// (StepMark::kLayerBegin); the memory plan (Dsv4Model::StepScratchBytes) counts every layer's
+// for smaller steps.
+constexpr int32_t kLayerReuseMinTokens = 32;
+
 // The step's metadata as a view over the host arrays of `meta` (valid while `meta` lives).
 inline RaggedBatchView HostView(const StepMeta& meta) {
   RaggedBatchView v;

@@ -42,10 +42,6 @@ struct CacheConfig {
   static constexpr int32_t kDefaultStepTokens = 2048;
 };
 
-// Eager steps of at least this many tokens may reuse a layer's scratch for the next
-// (StepMark::kLayerBegin); the memory plan counts every layer's for smaller steps.
-constexpr int32_t kLayerReuseMinTokens = 32;
-
 // Smallest multiple of every compression ratio in use that is >= 64.
 int32_t DefaultBlockSize(const ModelConfig& config);
 
