@@ -17,39 +17,39 @@
 //
 // Work split: each warp owns a tile of 32 weight rows (two 16-row mma tiles sharing the B
 // fragments, so x is read once per 32 rows) and one k slice of it; kW warps of a block take the
-// kW slices of one tile (kW from 1 to 32, chosen so that the grid has about kTargetWarps warps);
-// their partial sums meet in shared memory and are added in slice order. A grid of few tiles
-// (the 512- and 1024-row projections: 16-32 tiles) would stream on as few SMs, so there the
-// C * 8 slices of a tile go to a thread-block cluster of C blocks of 8 warps (one tile per
-// block, slices rank * 8 .. rank * 8 + 7), and block rank 0 adds the blocks' sums through
-// distributed shared memory in rank order (as SplitGemvKernel in moe.cu). Within a slice a lane
-// quad (lanes 4g..4g+3) reads 64 contiguous bytes of each of its rows g, g+8, g+16, g+24 per
-// 64-wide k step: one 16-byte load (16 consecutive k) per lane and row, issued a step ahead of
-// its use (the first before the PDL wait: weights and scales are constant), 2 KiB per warp in
-// flight. The dot product does not care how k is permuted as long as A and B see the same
-// permutation, so lane quad q's 16 bytes at k0 + 16q feed four m16n8k16 steps j = 0..3 with no
-// shuffles: word j (codes b0..b3 at k0 + 16q + 4j + 0..3) gives the A registers
+// kW slices of one tile (blocks of at least 8 warps: 8 / kW tiles each), their partial sums meet
+// in shared memory and are added in slice order. The grid aims at one wave of kSmWarps = 16
+// warps on each of ~128 SMs (the H200 has 132): k is split in powers of two, at most 16 ways,
+// until tiles x slices reaches 2048 warps or a slice would drop under 128 columns. 16 resident
+// warps per SM leave 128 registers per thread, what two steps of loads in flight and fp32 mode's
+// three x terms need without spills. A grid of few tiles (under 2048 rows: wq_a, wkv, 16-32
+// tiles) would stream on as few SMs, so there a tile's slices (up to 8 x 8 of at least 128
+// columns, aiming at ~2 cluster blocks per SM) go to a thread-block cluster of C blocks of 8
+// warps (one tile per block, slices rank * 8 .. rank * 8 + 7; about 2 steps per warp, all in
+// flight at once), and block rank 0 adds the blocks' sums through distributed shared memory in
+// rank order (as SplitGemvKernel in moe.cu). Within a slice a lane quad (lanes 4g..4g+3) reads
+// 64 contiguous bytes of each of its rows g, g+8, g+16, g+24 per 64-wide k step: one 16-byte load
+// (16 consecutive k) per lane and row. The loads run kDepth = 2 steps ahead of their use, a ring
+// of two register sets (the load of step s + 2 is issued as step s is consumed; the first two
+// go out before the PDL wait: weights and scales are constant), so every warp keeps 4 KiB in
+// flight all along its slice (64 KiB per SM sustained). The dot product does not care how k is
+// permuted as long as A and B see the same permutation, so lane quad q's 16 bytes at k0 + 16q
+// feed four m16n8k16 steps j = 0..3 with no shuffles: word j (codes b0..b3 at k0 + 16q + 4j +
+// 0..3) gives the A registers
 //   a0 = row g (b0, b2), a1 = row g+8 (b0, b2), a2 = row g (b1, b3), a3 = row g+8 (b1, b3)
 // i.e. the PTX fragment (a0: row g, logical k 2q, 2q+1; a1: row g+8; a2: row g, logical k 2q+8,
 // 2q+9; a3: row g+8) under the map logical 2q, 2q+1, 2q+8, 2q+9 -> physical +0, +2, +1, +3, and
 // B (b0: logical k 2q, 2q+1 of x row g; b1: 2q+8, 2q+9) is then (x0, x2), (x1, x3) of the float4
 // of x row g at the same four k.
 //
-// Variants (TEMPORARY, for one A/B run on the H200; DSV4_FP8_GEMV_VARIANT read once, default 0).
-// The kernel is templated on kSub (16-row mma tiles per warp: 2 = the 32-row tile above, 1 = 16
-// rows, g and g + 8, x read once per 16 rows), kDepth (k steps of loads in flight per warp: the
-// load of step s + kDepth is issued as step s is consumed, a ring of kDepth register sets) and
-// kSmWarps (resident warps per SM: the register budget):
-//   0  kSub 2, kDepth 1, 32 warps/SM (16 in fp32 mode), k split for ~4096 warps: today's kernel.
-//      Each warp waits a full memory latency every step (its next load is issued only after the
-//      current step is decoded and multiplied), and a slice is often only 4 steps.
-//   1  kSub 2, kDepth 2, 16 warps/SM (128 registers), one wave of ~2048 warps: 4 KiB in flight
-//      per warp all the time (64 KiB per SM sustained rather than at the start only).
-//   2  kSub 1, kDepth 4, 16 warps/SM: the same 4 KiB per warp as 4 steps of 16 rows, longer
-//      slices (wq_b: one warp streams 16 rows x 1024), twice the x reads (L1 hits).
-//   3  kSub 1, kDepth 2, 32 warps/SM (64 registers; 16 in fp32 mode): 2 KiB per warp sustained.
-// Variants 1-3 choose the cluster form for themselves: up to 8 x 8 slices of >= 128 columns
-// (wq_a, wkv: 64-256 blocks, about 2 steps per warp, all in flight at once).
+// Measured on the H200, warmed up (bench/dsv4_gpu_kernels_bench --fp8-only --warmup-ms 20
+// --iters 500; bench/results/2026-12-02-quantized/runA/fp8_v*.log), in us, the former kernel
+// (one step of loads in flight, 32 warps per SM, k split for ~4096 warps) in brackets:
+//   M = 1: wq_b 13.4 (14.4), wo_a 14.1 (15.2), wo_b 14.2 (14.6), idx_wq_b 3.9 (5.7),
+//          shared_down 4.1 (5.4), wq_a 4.3 (4.9), wkv 4.2 (4.7);
+//   M = 8: about level: wq_b 10.6 (10.3), wo_a 10.8 (10.8), wo_b 11.5 (11.7), idx_wq_b 4.1 (6.1).
+// Two other layouts measured in the same run, 16-row warp tiles (x read once per 16 rows) with
+// 4 steps in flight at 16 warps per SM or 2 steps at 32, were slower at M = 8 (14 us).
 //
 // Scales: a 64-wide step lies in one scale block, so each thread accumulates a scale block's
 // partial dot products in d (the tensor cores) and, at the block's end, adds scale(row, block) *
@@ -66,7 +66,6 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <limits>
 
 #include "kernels/common/cuda_check.h"
@@ -75,34 +74,30 @@
 namespace dsv4::cuda {
 namespace {
 
-// The shape of a variant's warp tile (DSV4_FP8_GEMV_VARIANT, see the top of the file): kSub
-// 16-row mma tiles per warp (the lane's rows g + 8i, i < 2 kSub), kDepth k steps of loads in
-// flight per warp, kSmWarps resident warps per SM asked of the compiler (its register budget:
-// 65536 / (32 kSmWarps) per thread).
-constexpr int TileRows(int sub) { return 16 * sub; }  // weight rows per warp tile
-constexpr int LaneRows(int sub) { return 2 * sub; }   // rows per lane: g, g + 8, ...
-constexpr int kStepK = 64;                 // k per step: a lane quad's 4 x 16 bytes of a row
-constexpr int kSliceAlign = 128;           // k slices are whole 128-column (default) scale blocks
-constexpr int kMaxSlices = 32;             // warps per tile: 32 -> 1024-thread blocks
-constexpr int kMinBlockWarps = 8;          // blocks of at least 256 threads (several tiles)
-// Warps in the grid aimed for (variant 0): about 32 resident warps on each of the H200's 132
-// SMs (2 KiB in flight per warp, 64 KiB per SM), as the bf16 GEMVs (gemv.cu) keep.
-constexpr int64_t kTargetWarps = 4096;
-// Grids of fewer tiles (blocks of 8 or more warps: one tile each) take the cluster form when a
-// tile has at least 2 x kClusterWarps slices: about half the SMs or more then stream.
+// The warp tile (see the top of the file).
+constexpr int kTileRows = 32;     // weight rows per warp tile
+constexpr int kSubTiles = 2;      // 16-row mma tiles per warp tile
+constexpr int kLaneRows = 4;      // rows per lane: g, g + 8, g + 16, g + 24
+constexpr int kStepK = 64;        // k per step: a lane quad's 4 x 16 bytes of a row
+constexpr int kDepth = 2;         // k steps of loads in flight per warp
+constexpr int kSliceAlign = 128;  // k slices are whole 128-column (default) scale blocks
+// Resident warps per SM asked of the compiler (its register budget: 65536 / (32 kSmWarps) = 128
+// registers per thread) and SMs the grid aims to fill: one wave of kSmWarps x kWaveSms warps.
+constexpr int kSmWarps = 16;
+constexpr int64_t kWaveSms = 128;
+constexpr int kMaxSlices = kSmWarps;  // warps per tile: blocks of at most kSmWarps warps
+constexpr int kMinBlockWarps = 8;     // blocks of at least 256 threads (several tiles)
+// Grids of fewer than kClusterMaxRows rows take the cluster form when a tile gets at least
+// 2 x kClusterWarps slices: about half the SMs or more then stream.
 constexpr int64_t kClusterMaxRows = 2048;  // 64 tiles of 32 rows
-constexpr int kClusterWarps = 8;  // warps (slices) per block of a cluster
-constexpr int kMaxCluster = 8;    // portable cluster size
+constexpr int kClusterWarps = 8;         // warps (slices) per block of a cluster
+constexpr int kMaxCluster = 8;           // portable cluster size
+constexpr int64_t kClusterSmBlocks = 2;  // cluster blocks per SM aimed for
 
 constexpr int BlockWarps(int slices) { return slices < kMinBlockWarps ? kMinBlockWarps : slices; }
-// Resident blocks asked of the compiler: kSmWarps warps per SM. Variant 0: 1024 threads per SM
-// (64 registers per thread) for bf16 x; 512 (128 registers) for the three x terms of fp32 mode,
-// whose extra registers would spill at 64 (fp32 mode then splits k at most kMaxSlicesFp32 ways:
-// 512-thread blocks), and for the cluster form (a grid of at most 2 blocks per SM:
-// kClusterMaxRows / 32 tiles x 4 blocks).
-constexpr int kMaxSlicesFp32 = 16;
-constexpr int MinBlocks(int sm_warps, int slices) {
-  return sm_warps / BlockWarps(slices) < 1 ? 1 : sm_warps / BlockWarps(slices);
+// Resident blocks asked of the compiler: kSmWarps warps per SM.
+constexpr int MinBlocks(int slices) {
+  return kSmWarps / BlockWarps(slices) < 1 ? 1 : kSmWarps / BlockWarps(slices);
 }
 
 struct GemvArgs {
@@ -110,7 +105,7 @@ struct GemvArgs {
   int64_t ldx;         // x row stride: (rows / group_rows) * cols
   Fp8Matrix w;
   int64_t group_rows;  // rows sharing one x vector (a multiple of 32 or all rows)
-  int64_t tiles;       // ceil(rows / TileRows(kSub))
+  int64_t tiles;       // ceil(rows / kTileRows)
   int slice;           // k per warp (a multiple of kSliceAlign)
   int m;
   float* y;
@@ -188,16 +183,12 @@ struct ScaleRows {
 // tile * 32 + g + 8i (i < 4; i = 2t + h: mma tile t, accumulator half h). Accumulators: d[t] /
 // acc[t] of mma tile t (c0, c1: row 16t + g, x rows 2q, 2q + 1; c2, c3: row 16t + g + 8). k and
 // cols in 32 bits (ValidMatrix).
-template <int kSplits, int kSub, int kDepth, int kSmWarps, int kW, bool kCluster>
-__global__ void __launch_bounds__(32 * BlockWarps(kW), MinBlocks(kSmWarps, kW))
+template <int kSplits, int kW, bool kCluster>
+__global__ void __launch_bounds__(32 * BlockWarps(kW), MinBlocks(kW))
     Fp8GemvKernel(const GemvArgs a) {
-  constexpr int kSubTiles = kSub;
-  constexpr int kTileRows = TileRows(kSub);
-  constexpr int kLaneRows = LaneRows(kSub);
   constexpr int kWarps = BlockWarps(kW);
   constexpr int kTilesPerBlock = kWarps / kW;
   static_assert(!kCluster || (kW == kClusterWarps && kTilesPerBlock == 1), "cluster blocks");
-  static_assert(kDepth >= 1 && kSub >= 1 && kSub <= 2, "variant shape");
   PdlTrigger();
   __shared__ int32_t scale_row[kTilesPerBlock * kTileRows];
   __shared__ float4 red[kW > 1 ? kWarps : 1][kSubTiles][32];
@@ -271,7 +262,7 @@ __global__ void __launch_bounds__(32 * BlockWarps(kW), MinBlocks(kSmWarps, kW))
 #pragma unroll
     for (int p = 0; p < kDepth; ++p) {
       const int k = kb + p * kStepK;
-      if (kDepth > 1 && k >= k1) break;  // warp-uniform: the slice's last ring pass
+      if (k >= k1) break;  // warp-uniform: the slice's last ring pass
       const bool in = has_x && k + 16 * q < k1;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -376,54 +367,37 @@ __global__ void __launch_bounds__(32 * BlockWarps(kW), MinBlocks(kSmWarps, kW))
   }
 }
 
-// A variant's kernel parameters (template arguments of Fp8GemvKernel).
-template <int kSplits, int kSub, int kDepth, int kSmWarps>
-struct Cfg {
-  static constexpr int splits = kSplits, sub = kSub, depth = kDepth, sm_warps = kSmWarps;
-};
-
-template <class C, int kW>
+template <int kSplits, int kW>
 absl::Status LaunchGemv(const GemvArgs& a, cudaStream_t stream) {
   constexpr int kWarps = BlockWarps(kW);
   constexpr int kTilesPerBlock = kWarps / kW;
   const int64_t blocks = (a.tiles + kTilesPerBlock - 1) / kTilesPerBlock;
-  CUDA_RETURN_IF_ERROR(
-      LaunchPdl(Fp8GemvKernel<C::splits, C::sub, C::depth, C::sm_warps, kW, false>,
-                dim3(static_cast<unsigned>(blocks)), dim3(32 * kWarps), 0, stream, a));
+  CUDA_RETURN_IF_ERROR(LaunchPdl(Fp8GemvKernel<kSplits, kW, false>,
+                                 dim3(static_cast<unsigned>(blocks)), dim3(32 * kWarps), 0,
+                                 stream, a));
   return absl::OkStatus();
 }
 
 // The cluster form: `cluster` blocks of kClusterWarps warps per tile.
-template <class C>
+template <int kSplits>
 absl::Status LaunchGemvCluster(const GemvArgs& a, int cluster, cudaStream_t stream) {
-  CUDA_RETURN_IF_ERROR(LaunchPdlCluster(
-      Fp8GemvKernel<C::splits, C::sub, C::depth, C::sm_warps, kClusterWarps, true>,
-      dim3(static_cast<unsigned>(a.tiles * cluster)), dim3(32 * kClusterWarps), 0, stream,
-      static_cast<unsigned>(cluster), a));
+  CUDA_RETURN_IF_ERROR(LaunchPdlCluster(Fp8GemvKernel<kSplits, kClusterWarps, true>,
+                                        dim3(static_cast<unsigned>(a.tiles * cluster)),
+                                        dim3(32 * kClusterWarps), 0, stream,
+                                        static_cast<unsigned>(cluster), a));
   return absl::OkStatus();
 }
 
-// `slices` warps per tile; blocks of at most C::sm_warps warps (the register budget).
-template <class C>
+// `slices` warps per tile (a power of two up to kMaxSlices).
+template <int kSplits>
 absl::Status LaunchGemvSlices(const GemvArgs& a, int slices, cudaStream_t stream) {
+  static_assert(kMaxSlices == 16, "the cases below");
   switch (slices) {
-    case 1:
-      // 16-row tiles in 8-tile blocks spill at 64 registers (8 bytes): 24 warps per SM there
-      // (variant 3 only; k below 256 or 65536 rows and more).
-      if constexpr (C::sub == 1 && C::sm_warps > 24) {
-        return LaunchGemv<Cfg<C::splits, C::sub, C::depth, 24>, 1>(a, stream);
-      } else {
-        return LaunchGemv<C, 1>(a, stream);
-      }
-    case 2: return LaunchGemv<C, 2>(a, stream);
-    case 4: return LaunchGemv<C, 4>(a, stream);
-    case 8: return LaunchGemv<C, 8>(a, stream);
-    case 16:
-      if constexpr (C::sm_warps >= 16) return LaunchGemv<C, 16>(a, stream);
-      break;
-    case 32:
-      if constexpr (C::sm_warps >= 32) return LaunchGemv<C, 32>(a, stream);
-      break;
+    case 1: return LaunchGemv<kSplits, 1>(a, stream);
+    case 2: return LaunchGemv<kSplits, 2>(a, stream);
+    case 4: return LaunchGemv<kSplits, 4>(a, stream);
+    case 8: return LaunchGemv<kSplits, 8>(a, stream);
+    case 16: return LaunchGemv<kSplits, 16>(a, stream);
     default: break;
   }
   return absl::InternalError("Fp8Gemv: slice count");
@@ -435,79 +409,36 @@ int SliceK(int64_t cols, int slices) {
   return static_cast<int>((s + kSliceAlign - 1) / kSliceAlign * kSliceAlign);
 }
 
-// Variant 0's grid: split k until the grid has kTargetWarps warps (at most max_slices per
-// tile), while a slice keeps at least kSliceAlign of k; the cluster form for fewer than
-// kClusterMaxRows rows where that gives 2 x kClusterWarps slices or more.
-template <class CS, class CC>
-absl::Status RunToday(GemvArgs a, cudaStream_t stream) {
-  const Fp8Matrix& w = a.w;
-  a.tiles = (w.rows + TileRows(CS::sub) - 1) / TileRows(CS::sub);
-  const int max_slices = CS::splits == 1 ? kMaxSlices : kMaxSlicesFp32;
-  int slices = 1;
-  while (slices < max_slices && a.tiles * slices < kTargetWarps &&
-         (w.cols + 2 * slices - 1) / (2 * slices) >= kSliceAlign) {
-    slices *= 2;
+// Slices per tile: doubled while below max_slices, the grid below target_warps and a slice
+// keeps at least kSliceAlign of k.
+int SplitK(int64_t tiles, int64_t cols, int max_slices, int64_t target_warps) {
+  int s = 1;
+  while (s < max_slices && tiles * s < target_warps &&
+         (cols + 2 * s - 1) / (2 * s) >= kSliceAlign) {
+    s *= 2;
   }
-  a.slice = SliceK(w.cols, slices);
-  if (a.tiles * TileRows(CS::sub) < kClusterMaxRows && slices >= 2 * kClusterWarps) {
-    const int cluster = std::min(kMaxCluster, slices / kClusterWarps);
-    a.slice = SliceK(w.cols, cluster * kClusterWarps);
-    return LaunchGemvCluster<CC>(a, cluster, stream);
-  }
-  return LaunchGemvSlices<CS>(a, slices, stream);
+  return s;
 }
 
-// Variants 1-3: one wave of CS::sm_warps warps on each of ~128 SMs (k split at most
-// CS::sm_warps ways); the cluster form decided on its own: up to kMaxCluster x kClusterWarps
-// slices of at least kSliceAlign, for a grid of at most ~2 cluster blocks per SM.
-template <class CS, class CC>
-absl::Status RunWave(GemvArgs a, cudaStream_t stream) {
+// The grid (see the top of the file): the cluster form for fewer than kClusterMaxRows rows where
+// it gives a tile 2 x kClusterWarps slices or more (up to kMaxCluster x kClusterWarps, for about
+// kClusterSmBlocks blocks per SM); otherwise one wave of kSmWarps warps per SM.
+template <int kSplits>
+absl::Status RunGemv(GemvArgs a, cudaStream_t stream) {
   const Fp8Matrix& w = a.w;
-  a.tiles = (w.rows + TileRows(CS::sub) - 1) / TileRows(CS::sub);
-  auto split = [&](int max_slices, int64_t target) {
-    int s = 1;
-    while (s < max_slices && a.tiles * s < target &&
-           (w.cols + 2 * s - 1) / (2 * s) >= kSliceAlign) {
-      s *= 2;
-    }
-    return s;
-  };
-  if (a.tiles * TileRows(CS::sub) < kClusterMaxRows) {
-    const int cs = split(kMaxCluster * kClusterWarps, int64_t{2} * 128 * kClusterWarps);
+  a.tiles = (w.rows + kTileRows - 1) / kTileRows;
+  if (a.tiles * kTileRows < kClusterMaxRows) {
+    const int cs = SplitK(a.tiles, w.cols, kMaxCluster * kClusterWarps,
+                          kClusterSmBlocks * kWaveSms * kClusterWarps);
     if (cs >= 2 * kClusterWarps) {
       const int cluster = std::min(kMaxCluster, cs / kClusterWarps);
       a.slice = SliceK(w.cols, cluster * kClusterWarps);
-      return LaunchGemvCluster<CC>(a, cluster, stream);
+      return LaunchGemvCluster<kSplits>(a, cluster, stream);
     }
   }
-  const int slices = split(std::min(kMaxSlices, CS::sm_warps), int64_t{128} * CS::sm_warps);
+  const int slices = SplitK(a.tiles, w.cols, kMaxSlices, kWaveSms * kSmWarps);
   a.slice = SliceK(w.cols, slices);
-  return LaunchGemvSlices<CS>(a, slices, stream);
-}
-
-// TEMPORARY (A/B on the device; the lead keeps one): DSV4_FP8_GEMV_VARIANT, read once.
-int GemvVariant() {
-  static const int v = [] {
-    const char* e = std::getenv("DSV4_FP8_GEMV_VARIANT");
-    const int n = e != nullptr ? std::atoi(e) : 0;
-    return n >= 0 && n <= 3 ? n : 0;
-  }();
-  return v;
-}
-
-template <int S>
-absl::Status RunVariant(const GemvArgs& a, cudaStream_t stream) {
-  constexpr int kFp32Warps = 16;  // fp32 mode's budget: 128 registers (three x terms)
-  switch (GemvVariant()) {
-    case 1:  // 32-row tiles, 2 steps in flight, 16 warps per SM
-      return RunWave<Cfg<S, 2, 2, 16>, Cfg<S, 2, 2, 16>>(a, stream);
-    case 2:  // 16-row tiles, 4 steps in flight, 16 warps per SM
-      return RunWave<Cfg<S, 1, 4, 16>, Cfg<S, 1, 4, 16>>(a, stream);
-    case 3:  // 16-row tiles, 2 steps in flight, 32 warps per SM (16 in fp32 mode)
-      return RunWave<Cfg<S, 1, 2, S == 1 ? 32 : kFp32Warps>, Cfg<S, 1, 2, 16>>(a, stream);
-    default:  // today's kernel
-      return RunToday<Cfg<S, 2, 1, S == 1 ? 32 : kFp32Warps>, Cfg<S, 2, 1, 16>>(a, stream);
-  }
+  return LaunchGemvSlices<kSplits>(a, slices, stream);
 }
 
 // ---- dequantisation ----
@@ -625,7 +556,7 @@ bool ValidMatrix(const Fp8Matrix& w) {
 bool Fp8GemvFits(const float* x, int64_t m, const Fp8Matrix& w, int64_t group_rows) {
   return m >= 1 && m <= kFp8GemvMaxRows && ValidMatrix(w) && w.cols % 16 == 0 &&
          w.block_cols % kStepK == 0 && group_rows > 0 && w.rows % group_rows == 0 &&
-         (group_rows == w.rows || group_rows % TileRows(2) == 0) && Aligned16(x) && Aligned16(w.w);
+         (group_rows == w.rows || group_rows % kTileRows == 0) && Aligned16(x) && Aligned16(w.w);
 }
 
 absl::Status Fp8Gemv(const float* x, int64_t m, const Fp8Matrix& w, int64_t group_rows,
@@ -643,7 +574,7 @@ absl::Status Fp8Gemv(const float* x, int64_t m, const Fp8Matrix& w, int64_t grou
   a.group_rows = group_rows;
   a.m = static_cast<int>(m);
   a.y = y;
-  return round_x_bf16 ? RunVariant<1>(a, stream) : RunVariant<3>(a, stream);
+  return round_x_bf16 ? RunGemv<1>(a, stream) : RunGemv<3>(a, stream);
 }
 
 absl::Status Fp8Dequantize(const Fp8Matrix& w, bool to_bf16, void* out, cudaStream_t stream) {
