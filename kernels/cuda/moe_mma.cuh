@@ -7,7 +7,11 @@
 // is loaded and turned into the operands the kernel multiplies (bf16 words for the tensor cores,
 // fp32 values for the FMA kernel). The bf16 / fp32 policies are the code the kernels had before
 // they were templated (the same instructions); the quantised ones load e2m1 nibbles or e4m3
-// bytes with their scales and expand them in registers right before the products.
+// bytes with their scales and expand them in registers right before the products. MXFP4 has
+// two tensor-core policies with the same values: Mxfp4Weights (two bf16 products per nibble
+// pair; the wide kernel's) and Mxfp4FoldWeights (the 2^126 folded into the scale, one product
+// and a second only for warps with a scale above 2^1; ExpertMmaKernel's when no wide pass runs
+// and the single-token kernels', moe_quant.cu: 44.1 against 48.5 us at T = 1 on the H200).
 //
 // Included by two .cu files: the kernels and policies are in an unnamed namespace (each file
 // instantiates its own; a __global__ template instantiated with external linkage in two whole-
@@ -493,8 +497,9 @@ struct Bf16Weights {
 
 // MXFP4 (Mxfp4Matrix): quad lane q of k block kb holds the 32 codes of scale group 4 kb + q
 // (columns 128 kb + 32 q ..), one UE8M0 byte; its word t (columns + 8 t ..) expands with
-// Mxfp4Bf16x8. Needs k_in % 32 == 0 (the format's own condition); a last partial k block leaves
-// the lanes of the missing groups at zero.
+// Mxfp4Bf16x8 (two products; the wide kernel's and that of ExpertMmaKernel in steps with a wide
+// pass, else Mxfp4FoldWeights below). Needs k_in % 32 == 0 (the format's own condition); a last
+// partial k block leaves the lanes of the missing groups at zero.
 struct Mxfp4Weights {
   using Matrix = Mxfp4Matrix;
   static constexpr int kKBlock = 128;
@@ -549,8 +554,8 @@ struct Mxfp4Weights {
 // MXFP4 with the folded scale product (Mxfp4Bf16x8Fold): the same layout, loads and staging as
 // Mxfp4Weights, and the same bf16 values. Expand gives the words of scales s <= 128; a warp in
 // which Big(raw) holds for any lane takes ExpandBig (two products) for that k block instead.
-// Used with DSV4_MOEQ_DECODE_VARIANT >= 1 (moe_quant.cu): the single-token kernels and
-// ExpertMmaKernel.
+// The single-token kernels' and ExpertMmaKernel's format in steps without a wide pass
+// (moe_quant.cu; its header has the figures); the wide kernel has Mxfp4Weights only.
 struct Mxfp4FoldWeights : Mxfp4Weights {
   static constexpr bool kFold = true;
   __device__ __forceinline__ static bool Big(const Raw& r) { return r.s > 128u; }
@@ -565,9 +570,6 @@ struct Mxfp4FoldWeights : Mxfp4Weights {
                       MulBf16x2(a.w, rest));
   }
 };
-
-// The same, for the single-token gate/up kernel's finer K split (DSV4_MOEQ_DECODE_VARIANT = 3).
-struct Mxfp4FoldFineWeights : Mxfp4FoldWeights {};
 
 // Whether P expands with the folded scale product (Big / ExpandBig).
 template <class P>

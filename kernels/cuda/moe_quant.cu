@@ -15,10 +15,21 @@
 // over warps so that every warp streams about the same bytes (16 KiB of Flash weights): gate/up
 // tiles over 2 warps (MXFP4), 4 (FP8) or 8 (bf16 shared expert); in the down kernel one warp per
 // routed slot and the shared expert over as many as its bytes need.
+//
+// MXFP4 expansion: the single-token kernels, and ExpertMmaKernel in steps without a wide pass,
+// fold the 2^126 that places the e2m1 bits in bf16 into the UE8M0 scale: one bf16 product per
+// nibble pair (Mxfp4FoldWeights; a warp with a scale above 2^1 in a k block takes a second for
+// it). The wide kernel, and the 8-token kernel of the steps that have a wide pass, keep the two
+// products (Mxfp4Weights). Both give the same bf16 values. On the H200 against two products
+// everywhere (`bench/dsv4_gpu_kernels_bench --moe-quant-only --warmup-ms 20 --iters 200`,
+// bench/results/2026-12-02-quantized/runA/moeq_and_flash37_summary.txt): T = 1 moe_mxfp4 44.1 us
+// against 48.5, with the FP8 shared expert 44.2 against 46.1; T = 8 267.8 against 279.6; T = 64
+// 1143 against 1196; T = 256 and 1024 level (the wide kernel's steps). Not kept, as slower there:
+// the shared expert's gate/up blocks ahead of the routed ones (47.3 us with the shared expert),
+// and also the routed gate/up tiles over 4 warps instead of 2 (46.5).
 #include "kernels/cuda/moe_quant.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <type_traits>
 
 #include "common/status.h"
@@ -28,21 +39,6 @@
 
 namespace dsv4::cuda {
 namespace {
-
-// The single-token kernels' variant (TEMPORARY, for A/B runs on the device; read once):
-// DSV4_MOEQ_DECODE_VARIANT = 0 or unset: Mxfp4Weights (two bf16 products per expanded pair);
-// 1: Mxfp4FoldWeights (one product, the 2^126 folded into the scale); 2: variant 1 with the
-// shared expert's gate/up blocks first; >= 3: variant 2 with the routed gate/up tiles over 4
-// warps (Mxfp4FoldFineWeights). Variants 0-2 give the same bits; 3 sums its K slices
-// differently (as deterministic, rounding apart). From 1 the grouped path's 8-token kernel
-// (ExpertMmaKernel, bf16 mode, no wide pass) expands MXFP4 the same way.
-int DecodeVariant() {
-  static const int v = [] {
-    const char* e = std::getenv("DSV4_MOEQ_DECODE_VARIANT");
-    return e == nullptr ? 0 : std::atoi(e);
-  }();
-  return v;
-}
 
 // ---- Many tokens ----
 
@@ -106,7 +102,9 @@ absl::Status RunQuantExperts(const ExpertsDims& d, const float* u, const int32_t
   const bool use_wide = mma && UseWide(wide, d.tokens, d.tokens * d.top_k, d.experts);
   RETURN_IF_ERROR(SortAssignments(d, idx, use_wide, w, stream));
   if constexpr (std::is_same_v<P, Mxfp4Weights>) {
-    if (mma && !use_wide && DecodeVariant() >= 1) {
+    // Steps without a wide pass: ExpertMmaKernel with the folded expansion (Mxfp4FoldWeights,
+    // which the wide kernel does not have; steps with one keep Mxfp4Weights in both kernels).
+    if (mma && !use_wide) {
       return RunExpertMma<Mxfp4FoldWeights>(d, u, weights, gate_up, down, false, w, out, stream);
     }
   }
@@ -138,18 +136,10 @@ constexpr int kBytesPer2<Bf16Weights> = 4;
 template <>
 constexpr int kBytesPer2<Fp8Weights> = 2;
 template <>
-constexpr int kBytesPer2<Mxfp4Weights> = 1;
-template <>
 constexpr int kBytesPer2<Mxfp4FoldWeights> = 1;
-template <>
-constexpr int kBytesPer2<Mxfp4FoldFineWeights> = 1;
 // Warps per gate/up tile (16 rows of D): 16 k blocks each at D = 4096.
 template <class P>
 constexpr int kGateUpSplit = 2 * kBytesPer2<P>;
-// Variant 3: the routed MXFP4 tiles over 4 warps (8 KiB each): twice the blocks, half the size,
-// so that the last partial wave is shorter.
-template <>
-constexpr int kGateUpSplit<Mxfp4FoldFineWeights> = 4;
 
 // Staged activation words (16 bytes) of a reduction of length k in the format P, one token.
 template <class P>
@@ -271,24 +261,14 @@ __device__ __forceinline__ void GateUpBlock(const MoeDecodeArgs& a, const typena
 
 // Blocks [0, routed_blocks): the routed slots' tiles (format RP); the rest: the shared expert's
 // (format SP; none when there is no shared expert or its SwiGLU came ahead in a.shared_h).
-// kSharedFirst (variants 2 and 3): the shared expert's blocks first instead, [0,
-// shared_blocks), then the routed ones: the blocks that request their weights before the PDL
-// wait are the ones that start first.
-template <class RP, class SP, bool kSharedFirst>
+template <class RP, class SP>
 __global__ void __launch_bounds__(kDecodeThreads, 3)
     DecodeGateUpKernel(const MoeDecodeArgs a, const typename RP::Matrix routed,
-                       const typename SP::Matrix shared, unsigned routed_blocks,
-                       unsigned shared_blocks) {
+                       const typename SP::Matrix shared, unsigned routed_blocks) {
   PdlTrigger();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   uint4* sx = reinterpret_cast<uint4*>(smem_raw);
-  if constexpr (kSharedFirst) {
-    if (blockIdx.x < shared_blocks) {
-      GateUpBlock<SP, kGateUpSplit<SP>>(a, shared, true, blockIdx.x, sx);
-    } else {
-      GateUpBlock<RP, kGateUpSplit<RP>>(a, routed, false, blockIdx.x - shared_blocks, sx);
-    }
-  } else if (blockIdx.x < routed_blocks) {
+  if (blockIdx.x < routed_blocks) {
     GateUpBlock<RP, kGateUpSplit<RP>>(a, routed, false, blockIdx.x, sx);
   } else {
     GateUpBlock<SP, kGateUpSplit<SP>>(a, shared, true, blockIdx.x - routed_blocks, sx);
@@ -373,15 +353,7 @@ __global__ void __launch_bounds__(kDownMaxWarps * 32, 2)
 template <class RP>
 const typename RP::Matrix& Routed(const QuantExperts& w, bool gate_up);
 template <>
-const Mxfp4Matrix& Routed<Mxfp4Weights>(const QuantExperts& w, bool gate_up) {
-  return gate_up ? w.fp4_gate_up : w.fp4_down;
-}
-template <>
 const Mxfp4Matrix& Routed<Mxfp4FoldWeights>(const QuantExperts& w, bool gate_up) {
-  return gate_up ? w.fp4_gate_up : w.fp4_down;
-}
-template <>
-const Mxfp4Matrix& Routed<Mxfp4FoldFineWeights>(const QuantExperts& w, bool gate_up) {
   return gate_up ? w.fp4_gate_up : w.fp4_down;
 }
 template <>
@@ -393,7 +365,7 @@ const Fp8Matrix& Routed<Fp8Weights>(const QuantExperts& w, bool gate_up) {
 template <class RP>
 bool DecodeRoutedFits(const MoeDecodeArgs& a, const QuantExperts& w);
 template <>
-bool DecodeRoutedFits<Mxfp4Weights>(const MoeDecodeArgs& a, const QuantExperts& w) {
+bool DecodeRoutedFits<Mxfp4FoldWeights>(const MoeDecodeArgs& a, const QuantExperts& w) {
   const Mxfp4Matrix &gu = w.fp4_gate_up, &dn = w.fp4_down;
   return gu.w != nullptr && gu.scale != nullptr && dn.w != nullptr && dn.scale != nullptr &&
          gu.rows == a.experts * 2 * a.inter && gu.cols == a.dim && dn.rows == a.experts * a.dim &&
@@ -412,7 +384,7 @@ bool DecodeRoutedFits<Fp8Weights>(const MoeDecodeArgs& a, const QuantExperts& w)
 // Largest dynamic shared memory the decode kernels ask for (the H200 allows 227 KiB a block).
 constexpr size_t kDecodeMaxSmemBytes = 200 * 1024;
 
-template <class RP, class SP, class RPD, bool kSharedFirst>
+template <class RP, class SP>
 absl::Status LaunchDecode(const MoeDecodeArgs& a, const QuantExperts& w,
                           const typename SP::Matrix& shared_gu,
                           const typename SP::Matrix& shared_dn, bool has_shared,
@@ -438,32 +410,29 @@ absl::Status LaunchDecode(const MoeDecodeArgs& a, const QuantExperts& w,
   if (warps > kDownMaxWarps || gu_smem > kDecodeMaxSmemBytes || dn_smem > kDecodeMaxSmemBytes) {
     return absl::InvalidArgumentError("MoeDecodeQuant: too many slots or too wide for the kernels");
   }
-  auto gate_up = DecodeGateUpKernel<RP, SP, kSharedFirst>;
-  auto down = DecodeDownKernel<RPD, SP>;
+  auto gate_up = DecodeGateUpKernel<RP, SP>;
+  auto down = DecodeDownKernel<RP, SP>;
   CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(gate_up, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(gu_smem)));
   CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(down, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(dn_smem)));
   CUDA_RETURN_IF_ERROR(LaunchPdl(gate_up, dim3(routed_blocks + shared_blocks), dim3(kDecodeThreads),
                                  gu_smem, stream, a, Routed<RP>(w, true), shared_gu,
-                                 routed_blocks, shared_blocks));
+                                 routed_blocks));
   CUDA_RETURN_IF_ERROR(LaunchPdl(
       down, dim3(static_cast<unsigned>((a.dim + kDownRows - 1) / kDownRows)), dim3(warps * 32),
-      dn_smem, stream, a, Routed<RPD>(w, false), shared_dn, shared_warps, warp_words));
+      dn_smem, stream, a, Routed<RP>(w, false), shared_dn, shared_warps, warp_words));
   return absl::OkStatus();
 }
 
-// RP: the routed experts' policy in the gate/up kernel, RPD in the down kernel; kSharedFirst as
-// in DecodeGateUpKernel.
-template <class RP, class RPD = RP, bool kSharedFirst = false>
+// RP: the routed experts' policy; the shared expert in FP8 (sgu, sdn) or bf16 (a.shared_*).
+template <class RP>
 absl::Status DecodeFor(const MoeDecodeArgs& a, const QuantExperts& w, const Fp8Matrix* sgu,
                        const Fp8Matrix* sdn, cudaStream_t stream) {
-  if (sgu != nullptr) {
-    return LaunchDecode<RP, Fp8Weights, RPD, kSharedFirst>(a, w, *sgu, *sdn, true, stream);
-  }
-  return LaunchDecode<RP, Bf16Weights, RPD, kSharedFirst>(
-      a, w, static_cast<const __nv_bfloat16*>(a.shared_gate_up),
-      static_cast<const __nv_bfloat16*>(a.shared_down), a.shared_gate_up != nullptr, stream);
+  if (sgu != nullptr) return LaunchDecode<RP, Fp8Weights>(a, w, *sgu, *sdn, true, stream);
+  return LaunchDecode<RP, Bf16Weights>(a, w, static_cast<const __nv_bfloat16*>(a.shared_gate_up),
+                                       static_cast<const __nv_bfloat16*>(a.shared_down),
+                                       a.shared_gate_up != nullptr, stream);
 }
 
 }  // namespace
@@ -503,7 +472,7 @@ bool MoeDecodeQuantFits(const MoeDecodeArgs& a, const QuantExperts& w) {
   // One slot is kept for a shared expert in FP8, which this call does not see (a.shared_gate_up
   // is only the bf16 one).
   const bool shared_bf16 = a.shared_gate_up != nullptr;
-  const bool routed = w.format == QuantFormat::kMxfp4      ? DecodeRoutedFits<Mxfp4Weights>(a, w)
+  const bool routed = w.format == QuantFormat::kMxfp4 ? DecodeRoutedFits<Mxfp4FoldWeights>(a, w)
                       : w.format == QuantFormat::kFp8Block ? DecodeRoutedFits<Fp8Weights>(a, w)
                                                            : false;
   return routed && a.dim > 0 && a.inter > 0 && a.experts >= 1 && a.top_k >= 1 &&
@@ -535,15 +504,7 @@ absl::Status MoeDecodeQuant(const MoeDecodeArgs& a, const QuantExperts& w,
     }
   }
   if (w.format == QuantFormat::kMxfp4) {
-    const Fp8Matrix *sgu = shared_gate_up_fp8, *sdn = shared_down_fp8;
-    if (DecodeVariant() >= 3) {
-      return DecodeFor<Mxfp4FoldFineWeights, Mxfp4FoldWeights, true>(a, w, sgu, sdn, stream);
-    }
-    if (DecodeVariant() == 2) {
-      return DecodeFor<Mxfp4FoldWeights, Mxfp4FoldWeights, true>(a, w, sgu, sdn, stream);
-    }
-    if (DecodeVariant() == 1) return DecodeFor<Mxfp4FoldWeights>(a, w, sgu, sdn, stream);
-    return DecodeFor<Mxfp4Weights>(a, w, shared_gate_up_fp8, shared_down_fp8, stream);
+    return DecodeFor<Mxfp4FoldWeights>(a, w, shared_gate_up_fp8, shared_down_fp8, stream);
   }
   return DecodeFor<Fp8Weights>(a, w, shared_gate_up_fp8, shared_down_fp8, stream);
 }

@@ -252,9 +252,10 @@ TEST(CudaMoeQuant, FlashMxfp4SlotsAndPrefill) {
 }
 
 // MXFP4 scales above 2^1 (UE8M0 129 .. 131, about one in 256, so that some warps' k blocks have
-// one and others not): the single-token kernels' expansion takes its second bf16 product for
-// those warps (moe_mma.cuh Mxfp4FoldWeights), the grouped kernels their usual two; both must
-// still give the reference's values.
+// one and others not): the folded expansion (moe_mma.cuh Mxfp4FoldWeights) of the single-token
+// kernels (T = 1) and of the 8-token grouped kernel (T = 7, no wide pass) takes its second bf16
+// product for those warps, and must still give the reference's values; fp32 mode checks the
+// exact path on the same weights.
 TEST(CudaMoeQuant, Mxfp4LargeScalesMatchReference) {
   DSV4_REQUIRE_GPU();
   int skipped = 0;
