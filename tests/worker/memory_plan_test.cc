@@ -135,5 +135,29 @@ TEST(MemoryPlan, StepScratchIsPartOfTheFit) {
   EXPECT_LT(plan->weight_bytes() + plan->pools + plan->step_scratch, 30ull << 30);
 }
 
+// The plan covers the scratch high water the CUDA backend printed on the H200 for Flash cut to
+// 37 layers (bench/results/2026-12-02-quantized/runB): 3713 MiB with 64 x 8k of state, decode
+// graphs of 64 and a 2048-token step; 11196 MiB for one 8192-token prompt, 1216 MiB for 1024.
+TEST(MemoryPlan, StepScratchCoversTheMeasuredHighWater) {
+  const double mib = 1 << 20;
+  CacheConfig serve;
+  serve.num_slots = 64;
+  serve.max_model_len = 8018;
+  serve.block_size = 128;
+  serve.max_step_tokens = 2048;
+  EXPECT_GE(Dsv4Model::StepScratchBytes(Flash(37), serve) / mib, 3713);
+  EXPECT_LE(Dsv4Model::StepScratchBytes(Flash(37), serve) / mib, 2.5 * 3713);
+  for (const auto& [tokens, measured] : {std::pair{8192, 11196}, std::pair{1024, 1216}}) {
+    CacheConfig one;
+    one.num_slots = 1;
+    one.max_model_len = tokens + 4;
+    one.block_size = 128;
+    one.max_step_tokens = tokens;
+    EXPECT_GE(Dsv4Model::StepScratchBytes(Flash(37), one) / mib, measured) << tokens;
+    // and not wildly above it (the plan must not refuse what fits)
+    EXPECT_LE(Dsv4Model::StepScratchBytes(Flash(37), one) / mib, 2.5 * measured) << tokens;
+  }
+}
+
 }  // namespace
 }  // namespace dsv4

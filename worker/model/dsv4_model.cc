@@ -515,12 +515,16 @@ uint64_t Dsv4Model::StepScratchBytes(const ModelConfig& c, const CacheConfig& ca
   // num_slots tokens), keep every layer's scratch.
   const int64_t small = std::min<int64_t>(
       {big, std::max<int64_t>(cache.num_slots, kLayerReuseMinTokens - 1), 512});
-  // Large steps take tensors of hundreds of MiB: each starts a new arena block when it does not
-  // fit the rest of one (256 MiB blocks), which the sum above does not see. Measured on the H200
-  // (Flash cut to 37 layers, the high water the CUDA backend prints): 11196 MiB at 8192 tokens
-  // and 1216 MiB at 1024, 1.45 and 1.26 times the sum; the plan takes 1.5 times.
+  // Tensors start a new arena block when they do not fit the rest of one (256 MiB blocks), which
+  // the sums do not see, and split-KV attention (decode batches) takes partial sums of about
+  // 2 x 264 blocks x 16 heads x (hd + 2) a layer. Measured on the H200 (Flash cut to 37 layers,
+  // the high water the CUDA backend prints): 11196 MiB at 8192 tokens and 1216 MiB at 1024
+  // (1.45 and 1.26 times the large-step sum), 3713 MiB with 64-token decode graphs beside a
+  // 2048-token step (1.9 times the batch sum); the plan takes 1.5 and 2 times.
+  const int64_t split_kv = 2 * 264 * 16 * (hd + 2) * c.num_layers;
   const int64_t large = big * (carried + layer_max) * 3 / 2;
-  const int64_t per_step = std::max(large, small * (carried + layers_sum));
+  const int64_t batches = small * (carried + layers_sum) * 2 + split_kv;
+  const int64_t per_step = std::max(large, batches);
   // One scores buffer per step (the CSA layers share it): tokens x visible entries.
   const int64_t scores = min_ratio > 0 ? big * (max_len / min_ratio + 1) : 0;
   return static_cast<uint64_t>(per_step + scores) * 4;
