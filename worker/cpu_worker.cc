@@ -10,6 +10,7 @@
 #include "common/status.h"
 #include "kernels/penalties_ref.h"
 #include "kernels/sampling_ref.h"
+#include "worker/model_steps.h"
 
 namespace dsv4 {
 
@@ -49,25 +50,6 @@ SampledToken SampleToken(std::span<float> logits, const SamplingSpec& spec, int3
     out.top = TopLogprobsRef(raw, spec.logprobs);
   }
   return out;
-}
-
-absl::StatusOr<std::vector<SequenceStep>> ModelSteps(const StepPlan& plan) {
-  std::vector<SequenceStep> steps;
-  steps.reserve(plan.seqs.size());
-  for (const ScheduledSeq& s : plan.seqs) {
-    if (s.sample && s.sampling == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("request ", s.request_id, " has no sampling spec"));
-    }
-    SequenceStep step;
-    step.tokens = s.tokens;
-    step.start_pos = s.start_pos;
-    step.state_slot = s.state_slot;
-    step.block_table = s.block_table;
-    step.logits = s.sample ? SequenceStep::Logits::kLast : SequenceStep::Logits::kNone;
-    step.deferred_token = s.deferred_token;
-    steps.push_back(step);
-  }
-  return steps;
 }
 
 CpuWorker::CpuWorker(std::unique_ptr<Dsv4Model> model, std::string device)

@@ -1,15 +1,21 @@
-// Worker: executes StepPlans. One per rank; the in-process CPU worker today, the GPU worker
-// (plugin) and remote workers (control plane) later. Execute() is called from one thread.
+// Worker: executes StepPlans. One per rank; the in-process CPU worker and the GPU worker
+// (plugin) today, remote workers (control plane) later. Execute() is called from one thread.
+// Model-free: the coordinator (node/) sees workers only through this header, and a worker's
+// model code stays on the worker side (worker/model/, linked into the worker libraries only).
 #pragma once
 
+#include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/cache_config.h"
+#include "common/model_config.h"
 #include "common/step_plan.h"
-#include "worker/model/dsv4_model.h"
 
 namespace dsv4 {
 
@@ -52,8 +58,22 @@ class Worker {
   std::map<uint64_t, int32_t> last_sampled_;  // request -> token, of the last launched step
 };
 
-// The model steps of a plan (views into it): a sampled sequence returns its last logits. A
-// sampled entry without a sampling spec is InvalidArgument.
-absl::StatusOr<std::vector<SequenceStep>> ModelSteps(const StepPlan& plan);
+// What a worker loads, model-free (paths, names, the parsed config and the cache layout): the
+// coordinator fills it and a worker factory builds the worker from it.
+struct WorkerConfig {
+  std::string device = "auto";         // auto|cpu|cuda|cuda:N (in-process workers)
+  std::string precision = "bf16";      // GPU matrices: bf16|fp32
+  std::string weight_format = "auto";  // auto|bf16 (worker_factory.h WeightsSpec)
+  int threads = 0;                     // CPU BLAS threads; 0 = the library's default
+  std::string model_dir;               // checkpoint directory (config.json + safetensors)
+  bool synthetic = false;              // or deterministic synthetic weights for `model`
+  uint64_t synthetic_seed = 1;
+  std::string source;                  // where `model` came from (logs)
+  ModelConfig model;
+  CacheConfig cache;
+};
+
+// Builds a loaded worker (the in-process one: worker/in_process_worker.h).
+using WorkerFactory = std::function<absl::StatusOr<std::unique_ptr<Worker>>(const WorkerConfig&)>;
 
 }  // namespace dsv4

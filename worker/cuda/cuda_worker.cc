@@ -13,6 +13,7 @@
 #include "common/status.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/sampling.h"
+#include "worker/model_steps.h"
 
 namespace dsv4 {
 namespace {

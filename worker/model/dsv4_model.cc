@@ -380,16 +380,6 @@ absl::StatusOr<Tensor> InvFreq(Backend* backend, const RopeConfig& rope, int64_t
 
 }  // namespace
 
-int32_t DefaultBlockSize(const ModelConfig& config) {
-  int64_t lcm = 1;
-  for (int64_t l = 0; l < config.num_layers; ++l) {
-    if (config.Ratio(l) > 0) lcm = std::lcm(lcm, config.Ratio(l));
-  }
-  int64_t bs = lcm;
-  while (bs < 64) bs += lcm;
-  return static_cast<int32_t>(bs);
-}
-
 Dsv4Model::~Dsv4Model() = default;
 
 absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Create(const ModelConfig& config,

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/cache_config.h"
 #include "common/model_config.h"
 #include "worker/model/backend.h"
 #include "worker/checkpoint/safetensors.h"
@@ -30,16 +31,6 @@
 namespace dsv4 {
 
 class WeightFactory;  // dsv4_model.cc: checkpoint or synthetic weights
-
-struct CacheConfig {
-  int32_t block_size = 0;          // tokens per context block; 0 = DefaultBlockSize(config)
-  int32_t num_blocks = 0;          // context-pool blocks
-  int32_t num_slots = 0;           // state-pool slots (max concurrent sequences)
-  int32_t max_model_len = 0;       // 0 = max_position_embeddings
-};
-
-// Smallest multiple of every compression ratio in use that is >= 64.
-int32_t DefaultBlockSize(const ModelConfig& config);
 
 // One sequence's work in a step.
 // What a model takes on its backend, counted before anything is allocated (logged as
