@@ -28,6 +28,29 @@ std::string BaseName(std::string path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
+// The worker's lifecycle up to its first step (worker.h), logged: model_loading once configured,
+// model_load_progress at every tenth of the layers.
+absl::Status BringUpWorker(Worker& worker, const WorkerConfig& wc) {
+  if (absl::Status s = worker.Configure(wc); !s.ok()) return Annotate(s, "configuring the worker");
+  const WorkerInfo info = worker.info();
+  LogInfo("model_loading", {{"dir", wc.source},
+                            {"weights", wc.synthetic ? "synthetic" : "checkpoint"},
+                            {"weight_format", wc.weight_format},
+                            {"device", info.device},
+                            {"precision", info.precision},
+                            {"config", wc.model.Summary()}});
+  int64_t logged = -1;
+  auto progress = [&logged](const LoadProgress& p) {
+    const int64_t tenth = p.total > 0 ? p.done * 10 / p.total : 10;
+    if (p.phase == "weights" && tenth == logged) return;
+    logged = tenth;
+    LogInfo("model_load_progress", {{"phase", p.phase}, {"done", p.done}, {"total", p.total}});
+  };
+  if (absl::Status s = worker.Load(progress); !s.ok()) return Annotate(s, "loading the model");
+  if (absl::Status s = worker.WarmUp(); !s.ok()) return Annotate(s, "warming up the worker");
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ServingNode::StartListeners(const NodeOptions& o) {
@@ -124,6 +147,8 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
   if (!o.worker_factory) {
     return absl::InvalidArgumentError("NodeOptions.worker_factory: no worker factory given");
   }
+  // The worker on its device first: a device that is not there fails before anything listens.
+  ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker, o.worker_factory(o.device));
   static std::once_flag protobuf_log;
   std::call_once(protobuf_log, [] { google::protobuf::SetLogHandler(&ProtobufLog); });
   std::unique_ptr<ServingNode> n(new ServingNode());
@@ -155,7 +180,6 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
   const int64_t per_seq = (model_len + cache.block_size - 1) / cache.block_size;
   cache.num_blocks = o.kv_blocks > 0 ? o.kv_blocks : static_cast<int32_t>(per_seq * o.max_num_seqs);
   WorkerConfig wc;
-  wc.device = o.device;
   wc.precision = o.precision;
   wc.weight_format = o.weight_format;
   wc.threads = o.threads;
@@ -165,7 +189,7 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
   wc.source = synthetic ? o.synthetic_config : o.model_dir;
   wc.model = mc;
   wc.cache = cache;
-  ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker, o.worker_factory(wc));
+  RETURN_IF_ERROR(BringUpWorker(*worker, wc));
   const WorkerInfo winfo = worker->info();
 
   NodeLimits& lim = n->runtime_.limits;

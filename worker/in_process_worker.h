@@ -4,14 +4,15 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "worker/worker.h"
 
 namespace dsv4 {
 
-// Resolves `config.device` (auto|cpu|cuda|cuda:N), parses its precision and weight format (an
-// error names the field), and loads the model on that device. Logs `model_loading` first.
-absl::StatusOr<std::unique_ptr<Worker>> CreateInProcessWorker(const WorkerConfig& config);
+// The in-process WorkerFactory: resolves `device` (auto|cpu|cuda|cuda:N; an explicit GPU that is
+// not there is an error saying why) and creates the worker there, not yet configured.
+absl::StatusOr<std::unique_ptr<Worker>> CreateInProcessWorker(const std::string& device);
 
 }  // namespace dsv4

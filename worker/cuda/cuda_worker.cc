@@ -13,7 +13,9 @@
 #include "common/status.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/sampling.h"
+#include "worker/checkpoint/safetensors.h"
 #include "worker/model_steps.h"
+#include "worker/worker_factory.h"
 
 namespace dsv4 {
 namespace {
@@ -55,41 +57,110 @@ cuda::SampleRow InertRow() {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<CudaWorker>> CudaWorker::Create(std::unique_ptr<Dsv4Model> model,
-                                                               CudaGraphOptions graphs) {
-  auto* backend = dynamic_cast<CudaBackend*>(&model->backend());
-  if (backend == nullptr) return absl::InvalidArgumentError("CudaWorker needs a CudaBackend model");
-  std::unique_ptr<CudaWorker> w(new CudaWorker());
-  w->backend_ = backend;
-  w->model_ = std::move(model);
+CudaWorker::CudaWorker(int device) : device_(device) {}
+
+CudaWorker::~CudaWorker() { Shutdown(); }
+
+absl::Status CudaWorker::Configure(const WorkerConfig& config) {
+  RETURN_IF_ERROR(life_.Check("Configure", Lifecycle::kCreated));
+  ASSIGN_OR_RETURN(precision_, ParsePrecision(config.precision));
+  WeightsSpec weights;
+  RETURN_IF_ERROR(ParseWeightFormat(config.weight_format, &weights));
+  if (!config.synthetic && config.model_dir.empty()) {
+    return absl::InvalidArgumentError("WorkerConfig.model_dir: no checkpoint and not synthetic");
+  }
+  load_.keep_formats = weights.keep_formats;
+  load_.synthetic_released_formats = weights.keep_formats;
+  CudaGraphOptions graphs = config.graphs;
   ASSIGN_OR_RETURN(const bool enforce_eager, EnvBool("DSV4_ENFORCE_EAGER", false));
   ASSIGN_OR_RETURN(const int region, EnvChoice("DSV4_PIECEWISE_EAGER_REGION", {"narrow", "wide"}, 0));
   ASSIGN_OR_RETURN(const bool shortcut, EnvBool("DSV4_DEBUG_INDEXER_SHORTCUT_IN_CAPTURE", false));
   graphs.enforce_eager |= enforce_eager;
   graphs.wide_eager_region |= region == 1;
   graphs.shortcut_in_capture |= shortcut;
-  w->options_ = graphs;
-  backend->set_shortcut_in_capture(graphs.shortcut_in_capture);
-  ASSIGN_OR_RETURN(w->time_steps_, EnvBool("DSV4_STEP_DEVICE_TIME", false));
-  for (Staging& st : w->staging_) {
+  options_ = graphs;
+  ASSIGN_OR_RETURN(time_steps_, EnvBool("DSV4_STEP_DEVICE_TIME", false));
+  config_ = config;
+  life_.Enter(Lifecycle::kConfigured);
+  return absl::OkStatus();
+}
+
+absl::Status CudaWorker::Load(const LoadProgressFn& progress) {
+  RETURN_IF_ERROR(life_.Check("Load", Lifecycle::kConfigured));
+  CudaBackendOptions options;
+  options.device = device_;
+  options.matrix_dtype = precision_ == Precision::kFP32 ? DType::kF32 : DType::kBF16;
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::Create(options));
+  CudaBackend* be = backend.get();
+  LoadOptions load = load_;
+  if (progress) {
+    load.on_layer = [&progress](int64_t done, int64_t total) {
+      progress(LoadProgress{"weights", done, total});
+    };
+  }
+  if (config_.synthetic) {
+    ASSIGN_OR_RETURN(model_, Dsv4Model::LoadSynthetic(config_.model, config_.synthetic_seed,
+                                                      std::move(backend), config_.cache, load));
+  } else {
+    ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(config_.model_dir));
+    ASSIGN_OR_RETURN(model_,
+                     Dsv4Model::Load(config_.model, *ckpt, std::move(backend), config_.cache, load));
+  }
+  backend_ = be;
+  RETURN_IF_ERROR(Setup());
+  info_.num_blocks = model_->cache().num_blocks;
+  info_.num_slots = model_->cache().num_slots;
+  info_.block_size = model_->cache().block_size;
+  info_.max_model_len = model_->cache().max_model_len;
+  // Op profiling brackets one step at a time.
+  info_.overlap = backend_->profile() == nullptr;
+  info_.max_in_flight = info_.overlap ? kMaxInFlight : 1;
+  if (progress) progress(LoadProgress{"pools", 1, 1});
+  life_.Enter(Lifecycle::kLoaded);
+  return absl::OkStatus();
+}
+
+absl::Status CudaWorker::Setup() {
+  backend_->set_shortcut_in_capture(options_.shortcut_in_capture);
+  for (Staging& st : staging_) {
     ASSIGN_OR_RETURN(st.done, CudaEvent::Create(cudaEventDisableTiming));
-    if (w->time_steps_) {
+    if (time_steps_) {
       ASSIGN_OR_RETURN(st.begin, CudaEvent::Create());
       ASSIGN_OR_RETURN(st.end, CudaEvent::Create());
       ASSIGN_OR_RETURN(st.pre, CudaEvent::Create());
       ASSIGN_OR_RETURN(st.post, CudaEvent::Create());
     }
   }
-  const size_t slot_bytes = sizeof(int32_t) * static_cast<size_t>(w->model_->cache().num_slots);
-  ASSIGN_OR_RETURN(w->slot_tokens_, AllocDevice(std::max<size_t>(slot_bytes, sizeof(int32_t))));
-  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(w->slot_tokens_.get(), 0, slot_bytes, backend->stream()));
-  backend->set_slot_tokens(static_cast<int32_t*>(w->slot_tokens_.get()));
-  return w;
+  const size_t slot_bytes = sizeof(int32_t) * static_cast<size_t>(model_->cache().num_slots);
+  ASSIGN_OR_RETURN(slot_tokens_, AllocDevice(std::max<size_t>(slot_bytes, sizeof(int32_t))));
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(slot_tokens_.get(), 0, slot_bytes, backend_->stream()));
+  backend_->set_slot_tokens(static_cast<int32_t*>(slot_tokens_.get()));
+  return absl::OkStatus();
 }
 
-CudaWorker::~CudaWorker() {
+absl::Status CudaWorker::WarmUp() {
+  // Graphs are captured at the first step of each size (RunFull, BeginPiecewise).
+  RETURN_IF_ERROR(life_.Check("WarmUp", Lifecycle::kLoaded));
+  life_.Enter(Lifecycle::kReady);
+  return absl::OkStatus();
+}
+
+void CudaWorker::Shutdown() {
+  if (life_.stage() == Lifecycle::kShutDown) return;
+  life_.Enter(Lifecycle::kShutDown);
+  if (backend_ == nullptr) return;  // nothing was loaded
   // Launched steps (or what a failed one queued) may still use the staging buffers.
   (void)cudaStreamSynchronize(backend_->stream());
+  flights_.clear();
+  last_slots_.clear();
+  full_.clear();
+  piecewise_.clear();
+  for (Staging& st : staging_) st = Staging{};
+  seen_ = DeviceBuffer();
+  outputs_ = DeviceBuffer();
+  slot_tokens_ = DeviceBuffer();
+  backend_ = nullptr;
+  model_.reset();
   if (phases_.empty()) return;
   // Medians over the recorded steps (captures and prefills are a few outliers among the decode
   // steps).
@@ -105,19 +176,14 @@ CudaWorker::~CudaWorker() {
     absl::StrAppend(&line, " ", names[k], " ", absl::StrFormat("%.1f", v[v.size() / 2] * 1e6));
   }
   std::fprintf(stderr, "%s\n", line.c_str());
+  phases_.clear();
 }
 
 WorkerInfo CudaWorker::info() const {
-  WorkerInfo w;
-  w.device = absl::StrCat("cuda:", backend_->device());
-  w.num_blocks = model_->cache().num_blocks;
-  w.num_slots = model_->cache().num_slots;
-  w.block_size = model_->cache().block_size;
-  w.max_model_len = model_->cache().max_model_len;
+  WorkerInfo w = info_;
+  w.device = absl::StrCat("cuda:", device_);
+  w.precision = PrecisionName(precision_);
   w.cuda_graphs = true;
-  // Op profiling brackets one step at a time.
-  w.overlap = backend_->profile() == nullptr;
-  w.max_in_flight = w.overlap ? kMaxInFlight : 1;
   return w;
 }
 
@@ -242,7 +308,7 @@ absl::StatusOr<StepResult> CudaWorker::Execute(const StepPlan& plan) {
 
 absl::Status CudaWorker::Launch(const StepPlan& plan) {
   absl::Status st = LaunchStep(plan);
-  if (!st.ok()) {
+  if (!st.ok() && backend_ != nullptr) {
     // What the failed step queued may still read its staging, which the next launch (the same
     // parity) rewrites: let it drain first. A payload the failed step set but no step took must
     // not reach a later one.
@@ -253,6 +319,7 @@ absl::Status CudaWorker::Launch(const StepPlan& plan) {
 }
 
 absl::Status CudaWorker::LaunchStep(const StepPlan& plan) {
+  RETURN_IF_ERROR(life_.Check("Launch", Lifecycle::kReady));
   const auto t0 = std::chrono::steady_clock::now();
   if (static_cast<int>(flights_.size()) >= kMaxInFlight) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -32,6 +32,7 @@
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/device_memory.h"
 #include "worker/cuda_plugin.h"
+#include "worker/lifecycle.h"
 #include "worker/model/dsv4_model.h"
 #include "worker/worker.h"
 
@@ -46,11 +47,19 @@ struct CudaGraphStats {
 
 class CudaWorker final : public Worker {
  public:
-  // `model` must run on a CudaBackend. The environment's switches are OR'ed into `graphs`.
-  static absl::StatusOr<std::unique_ptr<CudaWorker>> Create(std::unique_ptr<Dsv4Model> model,
-                                                            CudaGraphOptions graphs = {});
+  // On device `device`, not yet configured (worker.h's lifecycle).
+  explicit CudaWorker(int device);
   ~CudaWorker() override;
   WorkerInfo info() const override;
+  // Checks the precision, the weight format and the graph switches; the environment's switches
+  // are OR'ed into the config's.
+  absl::Status Configure(const WorkerConfig& config) override;
+  // The CudaBackend, the model on it (checkpoint or synthetic weights), the sampling buffers.
+  absl::Status Load(const LoadProgressFn& progress) override;
+  absl::Status WarmUp() override;
+  // Waits for the stream, drops the graphs, the buffers and the model (the device memory), and
+  // prints the step phase medians when DSV4_STEP_DEVICE_TIME=1 recorded them.
+  void Shutdown() override;
   // Launch + Collect (nothing may be in flight).
   absl::StatusOr<StepResult> Execute(const StepPlan& plan) override;
   // Queues the step on the stream and returns (Worker::Launch): the next step's host work (plan,
@@ -109,13 +118,20 @@ class CudaWorker final : public Worker {
 
   static_assert(kMaxInFlight <= 2, "the staging sets alternate by launch parity");
 
-  CudaWorker() = default;
+  // The per-step buffers and events, once the model is loaded.
+  absl::Status Setup();
   absl::Status LaunchStep(const StepPlan& plan);
   absl::Status EnsureCounts();
   absl::Status RunFull(int32_t padded, int64_t rows, const cuda::SampleRow* dev_rows,
                        const int32_t* dev_mask, void* host_outs, GraphRun* run, const void** outs,
                        bool* copied);
 
+  Lifecycle life_;
+  int device_ = 0;
+  WorkerInfo info_;  // the pools' shape and the overlap, from Load
+  WorkerConfig config_;
+  Precision precision_ = Precision::kBF16;
+  LoadOptions load_;
   std::unique_ptr<Dsv4Model> model_;
   CudaBackend* backend_ = nullptr;  // owned by model_
   CudaGraphOptions options_;

@@ -50,6 +50,8 @@ struct LoadOptions {
   // Synthetic weights: the matrices in the formats the release stores them in (FP8 projections,
   // MXFP4 routed experts; --weight-format auto) instead of dense values.
   bool synthetic_released_formats = false;
+  // Called after each layer's weights are in place (done of total layers); may be empty.
+  std::function<void(int64_t done, int64_t total)> on_layer;
 };
 
 struct SequenceStep {
@@ -146,7 +148,8 @@ class Dsv4Model {
   static absl::StatusOr<std::unique_ptr<Dsv4Model>> Create(const ModelConfig& config,
                                                            std::unique_ptr<Backend> backend,
                                                            const CacheConfig& cache);
-  absl::Status LoadWeights(WeightFactory* factory);
+  absl::Status LoadWeights(WeightFactory* factory,
+                           const std::function<void(int64_t, int64_t)>& on_layer);
   absl::Status AllocatePools();
   absl::Status ValidateStep(std::span<const SequenceStep> seqs) const;
   absl::Status AttentionBlock(int64_t layer, const Tensor& x, Tensor out);
