@@ -51,7 +51,7 @@ struct LoadOptions {
   // MXFP4 routed experts; --weight-format auto) instead of dense values.
   bool synthetic_released_formats = false;
   // Called after each layer's weights are in place (done of total layers); may be empty.
-  std::function<void(int64_t done, int64_t total)> on_layer;
+  std::function<void(int64_t done, int64_t total)> on_layer = {};
 };
 
 struct SequenceStep {
