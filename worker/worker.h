@@ -60,8 +60,8 @@ struct WorkerConfig {
   CudaGraphOptions graphs;
 };
 
-// Where Load is: "weights" once per layer (done of total layers), then "pools" (the state pools
-// allocated), then "ready".
+// Where Load is: "weights" once per layer (done of total layers), then "pools" once the state
+// pools are allocated (done = total = 1).
 struct LoadProgress {
   std::string phase;
   int64_t done = 0;
