@@ -176,6 +176,8 @@ void Engine::Stop() {
     cv_.notify_one();
   }
   if (thread_.joinable()) thread_.join();
+  // The loop drained the worker before it ended; its model and memory go now, once.
+  std::call_once(worker_shutdown_, [this] { worker_->Shutdown(); });
 }
 
 EngineStats Engine::stats() const {
@@ -428,13 +430,15 @@ void Engine::WorkerFailed(uint64_t step, const absl::Status& status) {
 }
 
 void Engine::DrainInFlight() {
-  while (!in_flight_.empty()) {
-    const uint64_t step = in_flight_.front().plan.step_id;
-    in_flight_.pop_front();
-    if (auto r = worker_->Collect(); !r.ok()) {
-      LogError("worker_step_failed", {{"step", static_cast<int64_t>(step)},
-                                      {"error", std::string(r.status().message())}});
-    }
+  if (in_flight_.empty()) return;  // the worker holds no step the engine did not launch
+  const uint64_t first = in_flight_.front().plan.step_id;
+  const uint64_t last = in_flight_.back().plan.step_id;
+  in_flight_.clear();
+  if (absl::Status s = worker_->Drain(); !s.ok()) {
+    // Which of the steps failed the worker does not say: the range is logged.
+    LogError("worker_step_failed", {{"step", static_cast<int64_t>(first)},
+                                    {"last_step", static_cast<int64_t>(last)},
+                                    {"error", std::string(s.message())}});
   }
 }
 

@@ -4,6 +4,8 @@
 //   submit ─▶ inbox ─┐                     ┌─▶ OutputProcessor ─▶ RequestSink (gRPC reactor)
 //   abort  ─▶ aborts ┴▶ Scheduler ─▶ StepPlan ─▶ Worker ─▶ StepResult
 //
+// The worker comes ready (worker.h: configured, loaded, warmed up); the engine drives its steps,
+// drains it and shuts it down at Stop.
 // A request gets exactly one final event (finished or error) through its sink. Aborted requests
 // leave the scheduler (and free their KV) at the start of the next step. Thread-safe API.
 #pragma once
@@ -107,7 +109,8 @@ class Engine {
   bool WaitIdle(std::chrono::milliseconds timeout);
   // Cancels everything in flight.
   void CancelAll(const std::string& reason);
-  // Stops the loop thread (in-flight requests are cancelled first).
+  // Stops the loop thread (in-flight requests are cancelled first, the worker drained) and shuts
+  // the worker down (Worker::Shutdown). Idempotent.
   void Stop();
 
   EngineStats stats() const;
@@ -156,7 +159,8 @@ class Engine {
   bool LaunchStep(StepPlan plan, Clock::time_point t0);
   // Collects the oldest launched step and streams its tokens.
   void CollectStep();
-  // Collects every launched step, dropping the results (stop).
+  // Drains the worker: every launched step is collected and its result dropped (stop, or after a
+  // failed step).
   void DrainInFlight();
   // Graph metrics of one executed step: `planned` by ChooseGraph, `ran` as the worker reports it.
   void RecordGraphRun(const GraphChoice& planned, const GraphRun& ran);
@@ -196,6 +200,7 @@ class Engine {
   bool stop_ = false;
   EngineStats stats_;
   std::thread thread_;
+  std::once_flag worker_shutdown_;
 };
 
 }  // namespace dsv4

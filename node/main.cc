@@ -1,4 +1,6 @@
-// dsv4-node: one executable with subcommands.
+// dsv4-node: one executable with subcommands. The model tools come from the worker side
+// (worker/tools/model_tools.h), the others from the coordinator (node/cli/commands.h); this file
+// is the one place that joins both (the executable links the coordinator and the worker).
 //   check-golden DIR   compare the engine with a transformers fixture
 //   generate           generate tokens from prompt ids
 //   bench              CPU prefill/decode throughput of a model
@@ -13,6 +15,8 @@
 
 #include "common/log.h"
 #include "node/cli/commands.h"
+#include "worker/in_process_worker.h"
+#include "worker/tools/model_tools.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"dsv4-node: a serving node for DeepSeek-V4 models"};
@@ -27,18 +31,17 @@ int main(int argc, char** argv) {
   // A misspelt key in a config file is an error, not silently ignored (subcommands inherit it).
   app.allow_config_extras(CLI::config_extras_mode::error);
   std::vector<std::pair<CLI::App*, std::unique_ptr<dsv4::cli::Command>>> commands;
-  auto add = [&](auto factory, const char* name, const char* help) {
-    CLI::App* sub = app.add_subcommand(name, help);
+  // The model tools (the worker side) and the coordinator's commands; serve runs the in-process
+  // worker.
+  std::vector<dsv4::cli::CommandSpec> specs = dsv4::cli::ModelToolCommands();
+  for (dsv4::cli::CommandSpec& spec : dsv4::cli::CoordinatorCommands(dsv4::CreateInProcessWorker)) {
+    specs.push_back(std::move(spec));
+  }
+  for (const dsv4::cli::CommandSpec& spec : specs) {
+    CLI::App* sub = app.add_subcommand(spec.name, spec.help);
     sub->fallthrough();  // global flags (--log-level, ...) may follow the subcommand
-    commands.emplace_back(sub, factory(*sub));
-  };
-  add(dsv4::cli::AddCheckGolden, "check-golden",
-      "run every prompt of a fixture directory and compare with the reference logits");
-  add(dsv4::cli::AddGenerate, "generate", "generate tokens from prompt token ids");
-  add(dsv4::cli::AddBench, "bench", "measure CPU prefill and decode throughput");
-  add(dsv4::cli::AddServe, "serve", "run the serving node (gRPC + Prometheus)");
-  add(dsv4::cli::AddClient, "client", "stream one generation from a running node");
-  add(dsv4::cli::AddLoadgen, "loadgen", "closed-loop load against a running node");
+    commands.emplace_back(sub, spec.add(*sub));
+  }
   // A mistyped command gets named rather than "a subcommand is required".
   auto known = [&](const char* word) {
     for (const CLI::App* sub : app.get_subcommands({})) {

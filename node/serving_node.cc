@@ -7,9 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status.h"
-#include "kernels/cpu_gemm.h"
 #include "node/chat_format.h"
-#include "worker/worker_factory.h"
 
 namespace dsv4 {
 
@@ -28,6 +26,29 @@ std::string BaseName(std::string path) {
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   const size_t slash = path.rfind('/');
   return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// The worker's lifecycle up to its first step (worker.h), logged: model_loading once configured,
+// model_load_progress at every tenth of the layers.
+absl::Status BringUpWorker(Worker& worker, const WorkerConfig& wc) {
+  if (absl::Status s = worker.Configure(wc); !s.ok()) return Annotate(s, "configuring the worker");
+  const WorkerInfo info = worker.info();
+  LogInfo("model_loading", {{"dir", wc.source},
+                            {"weights", wc.synthetic ? "synthetic" : "checkpoint"},
+                            {"weight_format", wc.weight_format},
+                            {"device", info.device},
+                            {"precision", info.precision},
+                            {"config", wc.model.Summary()}});
+  int64_t logged = -1;
+  auto progress = [&logged](const LoadProgress& p) {
+    const int64_t tenth = p.total > 0 ? p.done * 10 / p.total : 10;
+    if (p.phase == "weights" && tenth == logged) return;
+    logged = tenth;
+    LogInfo("model_load_progress", {{"phase", p.phase}, {"done", p.done}, {"total", p.total}});
+  };
+  if (absl::Status s = worker.Load(progress); !s.ok()) return Annotate(s, "loading the model");
+  if (absl::Status s = worker.WarmUp(); !s.ok()) return Annotate(s, "warming up the worker");
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -123,10 +144,11 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
                    GraphConfigFromFlags(o.cudagraph_mode, o.cudagraph_capture_sizes,
                                         o.enforce_eager, o.max_batched_tokens));
   ASSIGN_OR_RETURN(const OverlapMode overlap, ParseOverlapMode(o.overlap));
-  ASSIGN_OR_RETURN(const DeviceChoice device, ResolveDevice(o.device));
-  ASSIGN_OR_RETURN(const Precision precision, ParsePrecision(o.precision));
-  WeightsSpec weights;
-  RETURN_IF_ERROR(ParseWeightFormat(o.weight_format, &weights));
+  if (!o.worker_factory) {
+    return absl::InvalidArgumentError("NodeOptions.worker_factory: no worker factory given");
+  }
+  // The worker on its device first: a device that is not there fails before anything listens.
+  ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker, o.worker_factory(o.device));
   static std::once_flag protobuf_log;
   std::call_once(protobuf_log, [] { google::protobuf::SetLogHandler(&ProtobufLog); });
   std::unique_ptr<ServingNode> n(new ServingNode());
@@ -151,7 +173,6 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
                                                    " tokens; the model's vocabulary is ",
                                                    mc.vocab_size));
   }
-  SetBlasThreads(o.threads);
   CacheConfig cache;
   cache.block_size = o.block_size > 0 ? o.block_size : DefaultBlockSize(mc);
   cache.num_slots = o.max_num_seqs;
@@ -159,17 +180,17 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
   cache.max_step_tokens = o.max_batched_tokens;
   const int64_t per_seq = (model_len + cache.block_size - 1) / cache.block_size;
   cache.num_blocks = o.kv_blocks > 0 ? o.kv_blocks : static_cast<int32_t>(per_seq * o.max_num_seqs);
-  LogInfo("model_loading", {{"dir", synthetic ? o.synthetic_config : o.model_dir},
-                            {"weights", synthetic ? "synthetic" : "checkpoint"},
-                            {"weight_format", o.weight_format},
-                            {"device", device.name()},
-                            {"precision", device.cuda ? PrecisionName(precision) : "fp32"},
-                            {"config", mc.Summary()}});
-  weights.model_dir = o.model_dir;
-  weights.synthetic = synthetic;
-  weights.seed = o.seed;
-  ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker,
-                   CreateWorker(device, precision, mc, weights, cache));
+  WorkerConfig wc;
+  wc.precision = o.precision;
+  wc.weight_format = o.weight_format;
+  wc.threads = o.threads;
+  wc.model_dir = o.model_dir;
+  wc.synthetic = synthetic;
+  wc.synthetic_seed = o.seed;
+  wc.source = synthetic ? o.synthetic_config : o.model_dir;
+  wc.model = mc;
+  wc.cache = cache;
+  RETURN_IF_ERROR(BringUpWorker(*worker, wc));
   const WorkerInfo winfo = worker->info();
 
   NodeLimits& lim = n->runtime_.limits;

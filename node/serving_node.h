@@ -1,6 +1,8 @@
-// ServingNode: one coordinator process in single-process mode: metrics and gRPC listeners first
-// (health NOT_SERVING), then tokenizer, model, worker (CPU or CUDA) and engine, a warm-up request, and only
-// then SERVING. Used by `dsv4-node serve` and by the end-to-end tests.
+// ServingNode: one coordinator process: its worker on its device (NodeOptions::worker_factory:
+// the in-process CPU or CUDA worker today), metrics and gRPC listeners (health NOT_SERVING), then
+// tokenizer and model config, the worker configured, loaded and warmed up, the engine, a warm-up
+// request, and only then SERVING. Used by
+// `dsv4-node serve` and by the end-to-end tests. Model-free: links no model code.
 #pragma once
 
 #include <chrono>
@@ -25,6 +27,10 @@ struct NodeOptions {
   std::string device = "auto";      // auto|cpu|cuda|cuda:N
   std::string precision = "bf16";   // GPU weights: bf16|fp32
   std::string weight_format = "auto";  // auto|bf16 (worker_factory.h WeightsSpec)
+  // Creates the worker on `device`; the node then configures it (WorkerConfig from the fields
+  // above), loads and warms it up (worker.h). The in-process one is
+  // worker/in_process_worker.h CreateInProcessWorker. Required.
+  WorkerFactory worker_factory;
   std::string tokenizer_path;       // "" = <model_dir>/tokenizer.json
   std::string listen = "0.0.0.0:50051";
   std::string metrics_listen = "0.0.0.0:9464";

@@ -9,7 +9,13 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "kernels/penalties_ref.h"
+#include "kernels/cpu_gemm.h"
 #include "kernels/sampling_ref.h"
+#include "worker/checkpoint/safetensors.h"
+#include "worker/cpu/cpu_backend.h"
+#include "worker/cuda_plugin.h"
+#include "worker/worker_factory.h"
+#include "worker/model_steps.h"
 
 namespace dsv4 {
 
@@ -51,39 +57,79 @@ SampledToken SampleToken(std::span<float> logits, const SamplingSpec& spec, int3
   return out;
 }
 
-absl::StatusOr<std::vector<SequenceStep>> ModelSteps(const StepPlan& plan) {
-  std::vector<SequenceStep> steps;
-  steps.reserve(plan.seqs.size());
-  for (const ScheduledSeq& s : plan.seqs) {
-    if (s.sample && s.sampling == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("request ", s.request_id, " has no sampling spec"));
-    }
-    SequenceStep step;
-    step.tokens = s.tokens;
-    step.start_pos = s.start_pos;
-    step.state_slot = s.state_slot;
-    step.block_table = s.block_table;
-    step.logits = s.sample ? SequenceStep::Logits::kLast : SequenceStep::Logits::kNone;
-    step.deferred_token = s.deferred_token;
-    steps.push_back(step);
-  }
-  return steps;
+CpuWorker::CpuWorker() {
+  info_.device = "cpu";
+  info_.precision = "fp32";
 }
 
 CpuWorker::CpuWorker(std::unique_ptr<Dsv4Model> model, std::string device)
-    : model_(std::move(model)), device_(std::move(device)) {}
+    : life_(Lifecycle::kReady), model_(std::move(model)) {
+  info_.device = std::move(device);
+  info_.precision = "fp32";
+  DescribeModel();
+}
 
-WorkerInfo CpuWorker::info() const {
-  WorkerInfo w;
-  w.device = device_;
-  w.num_blocks = model_->cache().num_blocks;
-  w.num_slots = model_->cache().num_slots;
-  w.block_size = model_->cache().block_size;
-  w.max_model_len = model_->cache().max_model_len;
-  return w;
+void CpuWorker::DescribeModel() {
+  info_.num_blocks = model_->cache().num_blocks;
+  info_.num_slots = model_->cache().num_slots;
+  info_.block_size = model_->cache().block_size;
+  info_.max_model_len = model_->cache().max_model_len;
+}
+
+absl::Status CpuWorker::Configure(const WorkerConfig& config) {
+  RETURN_IF_ERROR(life_.Check("Configure", Lifecycle::kCreated));
+  // The precision is the GPU's; the CPU computes in fp32, but a wrong value is still wrong.
+  RETURN_IF_ERROR(ParsePrecision(config.precision).status());
+  WeightsSpec weights;
+  RETURN_IF_ERROR(ParseWeightFormat(config.weight_format, &weights));
+  if (!config.synthetic && config.model_dir.empty()) {
+    return absl::InvalidArgumentError("WorkerConfig.model_dir: no checkpoint and not synthetic");
+  }
+  load_.keep_formats = weights.keep_formats;
+  load_.synthetic_released_formats = weights.keep_formats;
+  config_ = config;
+  life_.Enter(Lifecycle::kConfigured);
+  return absl::OkStatus();
+}
+
+absl::Status CpuWorker::Load(const LoadProgressFn& progress) {
+  RETURN_IF_ERROR(life_.Check("Load", Lifecycle::kConfigured));
+  SetBlasThreads(config_.threads);
+  LoadOptions load = load_;
+  if (progress) {
+    load.on_layer = [&progress](int64_t done, int64_t total) {
+      progress(LoadProgress{"weights", done, total});
+    };
+  }
+  auto backend = std::make_unique<CpuBackend>();
+  if (config_.synthetic) {
+    ASSIGN_OR_RETURN(model_, Dsv4Model::LoadSynthetic(config_.model, config_.synthetic_seed,
+                                                      std::move(backend), config_.cache, load));
+  } else {
+    ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(config_.model_dir));
+    ASSIGN_OR_RETURN(model_,
+                     Dsv4Model::Load(config_.model, *ckpt, std::move(backend), config_.cache, load));
+  }
+  if (progress) progress(LoadProgress{"pools", 1, 1});
+  DescribeModel();
+  life_.Enter(Lifecycle::kLoaded);
+  return absl::OkStatus();
+}
+
+absl::Status CpuWorker::WarmUp() {
+  RETURN_IF_ERROR(life_.Check("WarmUp", Lifecycle::kLoaded));
+  life_.Enter(Lifecycle::kReady);
+  return absl::OkStatus();
+}
+
+void CpuWorker::Shutdown() {
+  model_.reset();
+  history_.clear();
+  life_.Enter(Lifecycle::kShutDown);
 }
 
 absl::StatusOr<StepResult> CpuWorker::Execute(const StepPlan& plan) {
+  RETURN_IF_ERROR(life_.Check("Execute", Lifecycle::kReady));
   const auto t0 = std::chrono::steady_clock::now();
   for (uint64_t id : plan.released) history_.erase(id);
   StepResult result;

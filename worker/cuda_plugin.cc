@@ -47,12 +47,12 @@ absl::StatusOr<int> CudaDeviceCount() {
   return n;
 }
 
-absl::StatusOr<std::unique_ptr<Worker>> CreateCudaWorker(const CudaWorkerSpec& spec) {
+absl::StatusOr<std::unique_ptr<Worker>> CreateCudaWorker(int device) {
   ASSIGN_OR_RETURN(const Plugin* plugin, LoadPlugin());
   ASSIGN_OR_RETURN(Dsv4CreateCudaWorkerFn * create,
                    plugin->Function<Dsv4CreateCudaWorkerFn>("dsv4_create_cuda_worker"));
   absl::Status status;
-  std::unique_ptr<Worker> w(create(&spec, &status));
+  std::unique_ptr<Worker> w(create(device, &status));
   if (w == nullptr) return status.ok() ? absl::InternalError("CUDA worker creation failed") : status;
   return w;
 }

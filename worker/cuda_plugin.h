@@ -12,40 +12,21 @@
 #include "absl/status/statusor.h"
 #include "common/model_config.h"
 #include "worker/model/backend.h"
-#include "worker/model/dsv4_model.h"
 #include "worker/worker.h"
 
 namespace dsv4 {
 
-constexpr int kCudaPluginAbi = 5;
+constexpr int kCudaPluginAbi = 6;
 
 enum class Precision { kBF16, kFP32 };
 absl::StatusOr<Precision> ParsePrecision(std::string_view s);
 const char* PrecisionName(Precision p);
 
-// Graph switches of the CUDA worker (docs/cuda-graphs.md); the environment can turn each on too:
-// DSV4_ENFORCE_EAGER=0|1, DSV4_PIECEWISE_EAGER_REGION=narrow|wide,
-// DSV4_DEBUG_INDEXER_SHORTCUT_IN_CAPTURE=0|1 (any other value: creating the worker fails, naming it).
-struct CudaGraphOptions {
-  bool enforce_eager = false;        // kill switch: every step eager, whatever the plan says
-  bool wide_eager_region = false;    // piecewise: each layer's whole attention block eager
-  bool shortcut_in_capture = false;  // debug only: reproduces vLLM #52448 (regression self-check)
-};
-
-struct CudaWorkerSpec {
-  int device = 0;
-  Precision precision = Precision::kBF16;
-  ModelConfig config;
-  std::string model_dir;        // checkpoint directory; empty = synthetic weights
-  uint64_t synthetic_seed = 0;
-  bool keep_formats = true;     // --weight-format auto (WeightsSpec::keep_formats)
-  CacheConfig cache;
-  CudaGraphOptions graphs;
-};
-
 // Number of CUDA devices, or an error saying why there are none usable (no plugin, no driver).
 absl::StatusOr<int> CudaDeviceCount();
-absl::StatusOr<std::unique_ptr<Worker>> CreateCudaWorker(const CudaWorkerSpec& spec);
+// The GPU worker on device `device`, not yet configured (worker.h's lifecycle: Configure, Load,
+// WarmUp). CudaGraphOptions (worker.h) come with its WorkerConfig.
+absl::StatusOr<std::unique_ptr<Worker>> CreateCudaWorker(int device);
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device, Precision precision);
 
 }  // namespace dsv4
@@ -53,6 +34,6 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device, Precision
 // The plugin's exports. Each returns nullptr and sets *status on failure.
 extern "C" {
 using Dsv4CudaAbiFn = int();
-using Dsv4CreateCudaWorkerFn = dsv4::Worker*(const dsv4::CudaWorkerSpec* spec, absl::Status* status);
+using Dsv4CreateCudaWorkerFn = dsv4::Worker*(int device, absl::Status* status);
 using Dsv4CreateCudaBackendFn = dsv4::Backend*(int device, int fp32, absl::Status* status);
 }

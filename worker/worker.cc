@@ -43,6 +43,23 @@ absl::Status Worker::Launch(const StepPlan& plan) {
   return absl::OkStatus();
 }
 
+absl::Status Worker::Drain() {
+  absl::Status first;
+  // A failed Collect drops its step too, so this ends after as many calls as there are steps.
+  for (int n = in_flight(); n > 0; --n) {
+    absl::StatusOr<StepResult> r = Collect();
+    if (!r.ok() && first.ok()) first = r.status();
+  }
+  return first;
+}
+
+absl::Status BringUp(Worker& worker, const WorkerConfig& config, const LoadProgressFn& progress) {
+  if (absl::Status s = worker.Configure(config); !s.ok()) return Annotate(s, "configure");
+  if (absl::Status s = worker.Load(progress); !s.ok()) return Annotate(s, "load");
+  if (absl::Status s = worker.WarmUp(); !s.ok()) return Annotate(s, "warm-up");
+  return absl::OkStatus();
+}
+
 absl::StatusOr<StepResult> Worker::Collect() {
   if (queued_.empty()) return absl::FailedPreconditionError("Collect with no launched step");
   StepResult result = std::move(queued_.front());

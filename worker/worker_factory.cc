@@ -67,27 +67,29 @@ absl::StatusOr<std::unique_ptr<Dsv4Model>> CreateModel(const DeviceChoice& devic
   return Dsv4Model::Load(config, *ckpt, std::move(backend), cache, load);
 }
 
+absl::StatusOr<std::unique_ptr<Worker>> CreateEmptyWorker(const DeviceChoice& device) {
+  if (device.cuda) return CreateCudaWorker(device.index);
+  return std::unique_ptr<Worker>(std::make_unique<CpuWorker>());
+}
+
 absl::StatusOr<std::unique_ptr<Worker>> CreateWorker(const DeviceChoice& device,
                                                      Precision precision,
                                                      const ModelConfig& config,
                                                      const WeightsSpec& weights,
                                                      const CacheConfig& cache,
                                                      const CudaGraphOptions& graphs) {
-  if (device.cuda) {
-    CudaWorkerSpec spec;
-    spec.device = device.index;
-    spec.precision = precision;
-    spec.config = config;
-    spec.model_dir = weights.synthetic ? "" : weights.model_dir;
-    spec.synthetic_seed = weights.seed;
-    spec.keep_formats = weights.keep_formats;
-    spec.cache = cache;
-    spec.graphs = graphs;
-    return CreateCudaWorker(spec);
-  }
-  ASSIGN_OR_RETURN(std::unique_ptr<Dsv4Model> model,
-                   CreateModel(device, precision, config, weights, cache));
-  return std::unique_ptr<Worker>(std::make_unique<CpuWorker>(std::move(model)));
+  WorkerConfig wc;
+  wc.precision = PrecisionName(precision);
+  wc.weight_format = weights.keep_formats ? "auto" : "bf16";
+  wc.model_dir = weights.synthetic ? "" : weights.model_dir;
+  wc.synthetic = weights.synthetic;
+  wc.synthetic_seed = weights.seed;
+  wc.model = config;
+  wc.cache = cache;
+  wc.graphs = graphs;
+  ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker, CreateEmptyWorker(device));
+  RETURN_IF_ERROR(BringUp(*worker, wc));
+  return worker;
 }
 
 }  // namespace dsv4

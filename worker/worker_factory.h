@@ -47,7 +47,11 @@ absl::StatusOr<std::unique_ptr<Dsv4Model>> CreateModel(const DeviceChoice& devic
                                                        const WeightsSpec& weights,
                                                        const CacheConfig& cache);
 
-// A worker for the serving engine (GPU sampling on CUDA).
+// A worker on `device`, not yet configured (the lifecycle of worker.h).
+absl::StatusOr<std::unique_ptr<Worker>> CreateEmptyWorker(const DeviceChoice& device);
+
+// A ready worker for the serving engine (GPU sampling on CUDA): CreateEmptyWorker, then
+// Configure, Load and WarmUp.
 absl::StatusOr<std::unique_ptr<Worker>> CreateWorker(const DeviceChoice& device,
                                                      Precision precision,
                                                      const ModelConfig& config,

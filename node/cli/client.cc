@@ -14,10 +14,10 @@
 #include "absl/strings/str_split.h"
 #include "dsv4/v1/dsv4.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "common/flag_checks.h"
 #include "common/json_util.h"
 #include "common/status.h"
 #include "node/cli/commands.h"
-#include "node/cli/flag_checks.h"
 
 namespace dsv4::cli {
 namespace {

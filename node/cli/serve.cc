@@ -12,10 +12,10 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/flag_checks.h"
 #include "common/log.h"
+#include "common/model_flags.h"
 #include "node/cli/commands.h"
-#include "node/cli/flag_checks.h"
-#include "node/cli/model_flags.h"
 #include "node/cli/shutdown_signals.h"
 #include "node/serving_node.h"
 
@@ -24,7 +24,8 @@ namespace {
 
 class Serve final : public Command {
  public:
-  explicit Serve(CLI::App& app) {
+  Serve(CLI::App& app, WorkerFactory workers) {
+    o_.worker_factory = std::move(workers);
     flags_.Register(app);
     app.add_option("--tokenizer", o_.tokenizer_path, "tokenizer.json (default: <model>/tokenizer.json)");
     app.add_option("--listen", o_.listen, "gRPC address HOST:PORT (port 0 = any free port)");
@@ -170,6 +171,17 @@ class Serve final : public Command {
 
 }  // namespace
 
-std::unique_ptr<Command> AddServe(CLI::App& app) { return std::make_unique<Serve>(app); }
+std::unique_ptr<Command> AddServe(CLI::App& app, WorkerFactory workers) {
+  return std::make_unique<Serve>(app, std::move(workers));
+}
+
+std::vector<CommandSpec> CoordinatorCommands(WorkerFactory workers) {
+  return {
+      {"serve", "run the serving node (gRPC + Prometheus)",
+       [workers](CLI::App& app) { return AddServe(app, workers); }},
+      {"client", "stream one generation from a running node", AddClient},
+      {"loadgen", "closed-loop load against a running node", AddLoadgen},
+  };
+}
 
 }  // namespace dsv4::cli

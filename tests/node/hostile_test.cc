@@ -31,6 +31,7 @@
 #include "gtest/gtest.h"
 #include "node/http/http_server.h"
 #include "node/serving_node.h"
+#include "worker/in_process_worker.h"
 #include "tests/testing/checkpoint_writer.h"
 #include "tests/testing/http_get.h"
 #include "worker/cpu_worker.h"
@@ -43,6 +44,7 @@ using v1::GenerateResponse;
 
 NodeOptions HostileOptions() {
   NodeOptions o;
+  o.worker_factory = CreateInProcessWorker;
   o.model_dir = testing::TestData("dsv4-tiny");
   o.tokenizer_path = testing::TestData("tok-tiny/tokenizer.json");
   o.listen = "127.0.0.1:0";

@@ -18,6 +18,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "node/serving_node.h"
+#include "worker/in_process_worker.h"
 #include "tests/testing/checkpoint_writer.h"
 #include "tests/testing/http_get.h"
 
@@ -40,6 +41,7 @@ struct CallResult {
 
 NodeOptions TestOptions() {
   NodeOptions o;
+  o.worker_factory = CreateInProcessWorker;
   o.model_dir = testing::TestData("dsv4-tiny");
   o.tokenizer_path = testing::TestData("tok-tiny/tokenizer.json");
   o.listen = "127.0.0.1:0";

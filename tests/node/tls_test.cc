@@ -14,6 +14,7 @@
 #include "dsv4/v1/dsv4.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "node/serving_node.h"
+#include "worker/in_process_worker.h"
 #include "tests/testing/checkpoint_writer.h"
 #include "tests/testing/http_get.h"
 
@@ -63,6 +64,7 @@ std::string Read(const std::string& path) { return *ReadFileToString(path, 1 << 
 
 NodeOptions TlsOptions(const Pki& p, bool mutual) {
   NodeOptions o;
+  o.worker_factory = CreateInProcessWorker;
   o.model_dir = testing::TestData("dsv4-tiny");
   o.tokenizer_path = testing::TestData("tok-tiny/tokenizer.json");
   o.listen = "127.0.0.1:0";

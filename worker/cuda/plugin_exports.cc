@@ -3,50 +3,19 @@
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_worker.h"
 #include "worker/cuda_plugin.h"
-#include "worker/checkpoint/safetensors.h"
 
 #define DSV4_EXPORT __attribute__((visibility("default")))
-
-namespace dsv4 {
-namespace {
-
-absl::StatusOr<std::unique_ptr<Worker>> BuildWorker(const CudaWorkerSpec& spec) {
-  CudaBackendOptions options;
-  options.device = spec.device;
-  options.matrix_dtype = spec.precision == Precision::kFP32 ? DType::kF32 : DType::kBF16;
-  ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::Create(options));
-  std::unique_ptr<Dsv4Model> model;
-  LoadOptions load;
-  load.keep_formats = spec.keep_formats;
-  load.synthetic_released_formats = spec.keep_formats;
-  if (spec.model_dir.empty()) {
-    ASSIGN_OR_RETURN(model, Dsv4Model::LoadSynthetic(spec.config, spec.synthetic_seed,
-                                                     std::move(backend), spec.cache, load));
-  } else {
-    ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(spec.model_dir));
-    ASSIGN_OR_RETURN(model,
-                     Dsv4Model::Load(spec.config, *ckpt, std::move(backend), spec.cache, load));
-  }
-  ASSIGN_OR_RETURN(std::unique_ptr<CudaWorker> worker,
-                   CudaWorker::Create(std::move(model), spec.graphs));
-  return std::unique_ptr<Worker>(std::move(worker));
-}
-
-}  // namespace
-}  // namespace dsv4
 
 extern "C" {
 
 DSV4_EXPORT int dsv4_cuda_plugin_abi() { return dsv4::kCudaPluginAbi; }
 
-DSV4_EXPORT dsv4::Worker* dsv4_create_cuda_worker(const dsv4::CudaWorkerSpec* spec,
-                                                  absl::Status* status) {
-  auto w = dsv4::BuildWorker(*spec);
-  if (!w.ok()) {
-    *status = w.status();
+DSV4_EXPORT dsv4::Worker* dsv4_create_cuda_worker(int device, absl::Status* status) {
+  if (device < 0) {
+    *status = absl::InvalidArgumentError("CUDA worker: a negative device index");
     return nullptr;
   }
-  return w->release();
+  return new dsv4::CudaWorker(device);
 }
 
 DSV4_EXPORT dsv4::Backend* dsv4_create_cuda_backend(int device, int fp32, absl::Status* status) {

@@ -380,16 +380,6 @@ absl::StatusOr<Tensor> InvFreq(Backend* backend, const RopeConfig& rope, int64_t
 
 }  // namespace
 
-int32_t DefaultBlockSize(const ModelConfig& config) {
-  int64_t lcm = 1;
-  for (int64_t l = 0; l < config.num_layers; ++l) {
-    if (config.Ratio(l) > 0) lcm = std::lcm(lcm, config.Ratio(l));
-  }
-  int64_t bs = lcm;
-  while (bs < 64) bs += lcm;
-  return static_cast<int32_t>(bs);
-}
-
 Dsv4Model::~Dsv4Model() = default;
 
 absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Create(const ModelConfig& config,
@@ -428,16 +418,18 @@ absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Create(const ModelConfig& 
 namespace {
 
 // Every checkpoint weight of the model through `load` (InvFreq tables aside).
-absl::Status LoadWeightTree(const ModelConfig& config, Loader& load, Dsv4Model::Weights* w);
+absl::Status LoadWeightTree(const ModelConfig& config, Loader& load, Dsv4Model::Weights* w,
+                            const std::function<void(int64_t, int64_t)>& on_layer = {});
 
 }  // namespace
 
-absl::Status Dsv4Model::LoadWeights(WeightFactory* factory) {
+absl::Status Dsv4Model::LoadWeights(WeightFactory* factory,
+                                     const std::function<void(int64_t, int64_t)>& on_layer) {
   const ModelConfig& config = config_;
   Backend* be = backend_.get();
   Loader load(factory);
   auto w = std::make_unique<Weights>();
-  RETURN_IF_ERROR(LoadWeightTree(config, load, w.get()));
+  RETURN_IF_ERROR(LoadWeightTree(config, load, w.get(), on_layer));
   ASSIGN_OR_RETURN(w->main_inv_freq, InvFreq(be, config.main_rope, config.rope_dims));
   ASSIGN_OR_RETURN(w->compress_inv_freq, InvFreq(be, config.compress_rope, config.rope_dims));
   weights_ = std::move(w);
@@ -446,7 +438,8 @@ absl::Status Dsv4Model::LoadWeights(WeightFactory* factory) {
 
 namespace {
 
-absl::Status LoadWeightTree(const ModelConfig& config, Loader& load, Dsv4Model::Weights* w) {
+absl::Status LoadWeightTree(const ModelConfig& config, Loader& load, Dsv4Model::Weights* w,
+                            const std::function<void(int64_t, int64_t)>& on_layer) {
   const int64_t D = config.hidden_size, V = config.vocab_size, n = config.hc_mult;
   ASSIGN_OR_RETURN(w->embed, load.Matrix("model.embed_tokens.weight", Shape{V, D}));
   if (config.tie_word_embeddings && !load.Has("lm_head.weight")) {
@@ -459,6 +452,7 @@ absl::Status LoadWeightTree(const ModelConfig& config, Loader& load, Dsv4Model::
   w->layers.resize(config.num_layers);
   for (int64_t l = 0; l < config.num_layers; ++l) {
     RETURN_IF_ERROR(load.Layer(l, config, &w->layers[l]));
+    if (on_layer) on_layer(l + 1, config.num_layers);
   }
   return absl::OkStatus();
 }
@@ -620,7 +614,7 @@ absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Load(const ModelConfig& co
   }));
   RETURN_IF_ERROR(CheckFits(plan, *m->backend_));
   CheckpointWeights factory(&src, m->backend_.get(), options.keep_formats);
-  RETURN_IF_ERROR(m->LoadWeights(&factory));
+  RETURN_IF_ERROR(m->LoadWeights(&factory, options.on_layer));
   const auto unused = src.Unused();
   if (!unused.empty()) {
     LogWarning("checkpoint_unused_tensors",
@@ -644,7 +638,7 @@ absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::LoadSynthetic(const ModelC
   RETURN_IF_ERROR(CheckFits(plan, *m->backend_));
   SyntheticWeights factory(seed, m->backend_.get(), options.synthetic_released_formats,
                            config.quant_block);
-  RETURN_IF_ERROR(m->LoadWeights(&factory));
+  RETURN_IF_ERROR(m->LoadWeights(&factory, options.on_layer));
   RETURN_IF_ERROR(m->AllocatePools());
   return m;
 }

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/cache_config.h"
 #include "common/model_config.h"
 #include "worker/model/backend.h"
 #include "worker/checkpoint/safetensors.h"
@@ -30,20 +31,6 @@
 namespace dsv4 {
 
 class WeightFactory;  // dsv4_model.cc: checkpoint or synthetic weights
-
-struct CacheConfig {
-  int32_t block_size = 0;          // tokens per context block; 0 = DefaultBlockSize(config)
-  int32_t num_blocks = 0;          // context-pool blocks
-  int32_t num_slots = 0;           // state-pool slots (max concurrent sequences)
-  int32_t max_model_len = 0;       // 0 = max_position_embeddings
-  // Tokens one step may carry (the coordinator's step budget), for the memory plan's step
-  // scratch; 0 = kDefaultStepTokens.
-  int32_t max_step_tokens = 0;
-  static constexpr int32_t kDefaultStepTokens = 2048;
-};
-
-// Smallest multiple of every compression ratio in use that is >= 64.
-int32_t DefaultBlockSize(const ModelConfig& config);
 
 // One sequence's work in a step.
 // What a model takes on its backend, counted before anything is allocated (logged as
@@ -65,6 +52,8 @@ struct LoadOptions {
   // Synthetic weights: the matrices in the formats the release stores them in (FP8 projections,
   // MXFP4 routed experts; --weight-format auto) instead of dense values.
   bool synthetic_released_formats = false;
+  // Called after each layer's weights are in place (done of total layers); may be empty.
+  std::function<void(int64_t done, int64_t total)> on_layer = {};
 };
 
 struct SequenceStep {
@@ -168,7 +157,8 @@ class Dsv4Model {
   static absl::StatusOr<std::unique_ptr<Dsv4Model>> Create(const ModelConfig& config,
                                                            std::unique_ptr<Backend> backend,
                                                            const CacheConfig& cache);
-  absl::Status LoadWeights(WeightFactory* factory);
+  absl::Status LoadWeights(WeightFactory* factory,
+                           const std::function<void(int64_t, int64_t)>& on_layer);
   absl::Status AllocatePools();
   absl::Status ValidateStep(std::span<const SequenceStep> seqs) const;
   absl::Status AttentionBlock(int64_t layer, const Tensor& x, Tensor out);

@@ -1,31 +1,21 @@
-// Flags shared by subcommands that load a model on this process.
+// Loads the model that ModelFlags name on this process, for the model tools (bench, generate).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
-#include <CLI/CLI.hpp>
-
 #include "absl/status/statusor.h"
+#include "common/model_flags.h"
 #include "worker/model/dsv4_model.h"
+#include "worker/worker.h"
 #include "worker/worker_factory.h"
 
 namespace dsv4::cli {
 
-struct ModelFlags {
-  std::string model_dir;  // "" = the embedded default model
-  std::string device = "auto";
-  std::string precision = "bf16";
-  std::string synthetic_config;  // config.json for synthetic weights (no checkpoint)
-  uint64_t seed = 1;
-  std::string weight_format = "auto";  // auto|bf16 (WeightsSpec::keep_formats)
-  int threads = 0;        // BLAS threads; 0 = library default
-  int block_size = 0;
-  bool force_indexer_scoring = false;
-
-  void Register(CLI::App& app);
-  // Resolves the model directory (error if none is found).
-  absl::StatusOr<std::string> ResolveModelDir() const;
+class ModelLoader {
+ public:
+  explicit ModelLoader(const ModelFlags& flags) : flags_(flags) {}
   // Loads config + checkpoint (or synthetic weights) on the chosen device and builds the model
   // with room for `slots` sequences of up to `max_len` tokens.
   absl::StatusOr<std::unique_ptr<Dsv4Model>> Load(int slots, int64_t max_len);
@@ -48,12 +38,10 @@ struct ModelFlags {
     CacheConfig cache;
   };
   absl::StatusOr<Plan> Prepare(int slots, int64_t max_len);
+  const ModelFlags& flags_;
   std::string resolved_device_;
   ModelConfig config_;
   int64_t max_step_tokens_ = 0;
 };
-
-// Prints "error: <status>" to stderr and returns 1.
-int Fail(const absl::Status& status);
 
 }  // namespace dsv4::cli

@@ -3,9 +3,9 @@
 
 #include "absl/strings/str_format.h"
 #include "kernels/cpu_gemm.h"
-#include "node/cli/commands.h"
-#include "node/cli/model_flags.h"
+#include "common/cli_command.h"
 #include "worker/tools/golden_check.h"
+#include "worker/tools/model_tools.h"
 
 namespace dsv4::cli {
 namespace {

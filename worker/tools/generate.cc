@@ -8,9 +8,10 @@
 #include "absl/strings/str_split.h"
 #include "common/status.h"
 #include "kernels/sampling_ref.h"
-#include "node/cli/commands.h"
-#include "node/cli/flag_checks.h"
-#include "node/cli/model_flags.h"
+#include "common/cli_command.h"
+#include "common/flag_checks.h"
+#include "worker/tools/model_loader.h"
+#include "worker/tools/model_tools.h"
 #include "worker/model/local_sequences.h"
 
 namespace dsv4::cli {
@@ -51,7 +52,8 @@ class Generate final : public Command {
   int Run() override {
     auto ids = ParseIds(prompt_);
     if (!ids.ok()) return Fail(ids.status());
-    auto model = flags_.Load(/*slots=*/1, static_cast<int64_t>(ids->size()) + max_tokens_);
+    ModelLoader loader(flags_);
+    auto model = loader.Load(/*slots=*/1, static_cast<int64_t>(ids->size()) + max_tokens_);
     if (!model.ok()) return Fail(model.status());
     const ModelConfig& config = (*model)->config();
     LocalSequences seqs(**model);

@@ -20,9 +20,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/status.h"
-#include "node/cli/commands.h"
-#include "node/cli/flag_checks.h"
-#include "node/cli/model_flags.h"
+#include "common/cli_command.h"
+#include "common/flag_checks.h"
+#include "worker/tools/model_loader.h"
+#include "worker/tools/model_tools.h"
 #include "node/engine.h"
 #include "node/scheduler/graph_policy.h"
 
@@ -131,13 +132,14 @@ class Bench final : public Command {
     const int max_batch = *std::max_element(batches_.begin(), batches_.end());
     const int max_ctx = *std::max_element(contexts_.begin(), contexts_.end());
     const int64_t max_len = std::max(prompt_len_, max_ctx) + decode_steps_ + 2;
+    ModelLoader loader(flags_);
     // The largest step: a real prefill of every sequence's prompt at once, or a decode batch.
     const bool prefills = std::find(contexts_.begin(), contexts_.end(), 0) != contexts_.end();
-    flags_.set_max_step_tokens(prefills ? int64_t{max_batch} * std::max(prompt_len_, 1) : max_batch);
-    auto worker = flags_.LoadWorker(max_batch, max_len);
+    loader.set_max_step_tokens(prefills ? int64_t{max_batch} * std::max(prompt_len_, 1) : max_batch);
+    auto worker = loader.LoadWorker(max_batch, max_len);
     if (!worker.ok()) return Fail(worker.status());
     const WorkerInfo info = (*worker)->info();
-    const ModelConfig& config = flags_.config();
+    const ModelConfig& config = loader.config();
     const bool gpu = info.device != "cpu";
     auto overlap_mode = ParseOverlapMode(overlap_);
     if (!overlap_mode.ok()) return Fail(overlap_mode.status());
