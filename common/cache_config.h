@@ -18,6 +18,9 @@ struct CacheConfig {
   // scratch; 0 = kDefaultStepTokens.
   int32_t max_step_tokens = 0;
   static constexpr int32_t kDefaultStepTokens = 2048;
+  // The most tokens a step run as a CUDA graph (FULL or piecewise) may be padded to: such steps
+  // keep every layer's scratch. 0: no graphs; -1: unknown (the plan assumes 512).
+  int32_t max_graph_tokens = -1;
 };
 
 // Smallest multiple of every compression ratio in use that is >= 64.

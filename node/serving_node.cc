@@ -178,6 +178,7 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
   cache.num_slots = o.max_num_seqs;
   cache.max_model_len = static_cast<int32_t>(model_len);
   cache.max_step_tokens = o.max_batched_tokens;
+  cache.max_graph_tokens = MaxGraphTokens(graphs, o.max_batched_tokens, o.max_num_seqs);
   const int64_t per_seq = (model_len + cache.block_size - 1) / cache.block_size;
   cache.num_blocks = o.kv_blocks > 0 ? o.kv_blocks : static_cast<int32_t>(per_seq * o.max_num_seqs);
   WorkerConfig wc;

@@ -131,4 +131,16 @@ GraphChoice ChooseGraph(const StepPlan& plan, const GraphConfig& config,
   return {mode, *size, false};
 }
 
+int32_t MaxGraphTokens(const GraphConfig& config, int64_t max_step_tokens, int64_t max_seqs) {
+  if (config.mode == CudaGraphMode::kNone || config.capture_sizes.empty()) return 0;
+  const int64_t tokens =
+      config.mode == CudaGraphMode::kFullDecodeOnly ? max_seqs : max_step_tokens;
+  if (tokens <= 0) return 0;
+  // The smallest size that holds `tokens`, or the largest size when none does (larger steps run
+  // eagerly).
+  const auto size = std::lower_bound(config.capture_sizes.begin(), config.capture_sizes.end(),
+                                     tokens, [](int32_t s, int64_t t) { return s < t; });
+  return size == config.capture_sizes.end() ? config.capture_sizes.back() : *size;
+}
+
 }  // namespace dsv4

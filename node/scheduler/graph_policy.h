@@ -34,6 +34,11 @@ struct GraphConfig {
   std::vector<int32_t> capture_sizes;  // ascending, unique, positive
 };
 
+// The most tokens a step run as a graph may be padded to (CacheConfig::max_graph_tokens, for the
+// worker's memory plan): steps of up to `max_step_tokens` in the modes that graph prefill and
+// mixed steps, decode batches of up to `max_seqs` in kFullDecodeOnly; 0 without graphs.
+int32_t MaxGraphTokens(const GraphConfig& config, int64_t max_step_tokens, int64_t max_seqs);
+
 // The largest default capture size: beyond it a graph saves little next to the step's own work,
 // and every size costs capture time and graph memory.
 inline constexpr int32_t kMaxDefaultCaptureSize = 512;

@@ -219,4 +219,22 @@ TEST(GraphPolicy, BeyondTheLargestSizeFallsBackToEager) {
 }
 
 }  // namespace
+// The memory plan's graph bound: the padded size of the largest step a mode may graph.
+TEST(GraphPolicy, MaxGraphTokens) {
+  GraphConfig g;
+  g.capture_sizes = {1, 2, 4, 8, 16, 64, 512};
+  g.mode = CudaGraphMode::kFullAndPiecewise;
+  EXPECT_EQ(MaxGraphTokens(g, 2048, 64), 512);  // prefill chunks up to the largest size
+  EXPECT_EQ(MaxGraphTokens(g, 100, 64), 512);   // a 100-token step pads to 512
+  EXPECT_EQ(MaxGraphTokens(g, 60, 64), 64);
+  g.mode = CudaGraphMode::kFullDecodeOnly;      // decode batches only: the slots
+  EXPECT_EQ(MaxGraphTokens(g, 2048, 64), 64);
+  EXPECT_EQ(MaxGraphTokens(g, 2048, 3), 4);
+  g.mode = CudaGraphMode::kNone;
+  EXPECT_EQ(MaxGraphTokens(g, 2048, 64), 0);
+  g.mode = CudaGraphMode::kPiecewise;
+  g.capture_sizes.clear();
+  EXPECT_EQ(MaxGraphTokens(g, 2048, 64), 0);
+}
+
 }  // namespace dsv4

@@ -415,6 +415,7 @@ absl::Status CudaBackend::BeginStep(const StepMeta& meta) {
     AbortGraphs();
   }
   step_scores_ = Tensor{};
+  layer_reuse_ = false;
   for (Arena* a : {&model_arena_, &op_arena_}) {
     a->block = 0;
     a->offset = 0;

@@ -1,6 +1,7 @@
 #include "worker/model/dsv4_model.h"
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -505,23 +506,28 @@ uint64_t Dsv4Model::StepScratchBytes(const ModelConfig& c, const CacheConfig& ca
   const int64_t max_len = cache.max_model_len > 0 ? cache.max_model_len : c.max_position_embeddings;
   const int64_t big = cache.max_step_tokens > 0 ? cache.max_step_tokens
                                                 : CacheConfig::kDefaultStepTokens;
-  // Steps of fewer than kLayerReuseMinTokens tokens, and captured decode batches (at most
-  // num_slots tokens), keep every layer's scratch.
-  const int64_t small = std::min<int64_t>(
-      {big, std::max<int64_t>(cache.num_slots, kLayerReuseMinTokens - 1), 512});
+  // Eager steps of fewer than kLayerReuseMinTokens tokens and steps run as graphs (up to
+  // max_graph_tokens, padded) keep every layer's scratch.
+  const int64_t graph = cache.max_graph_tokens >= 0 ? cache.max_graph_tokens : std::min<int64_t>(big, 512);
+  const int64_t small = std::max<int64_t>(std::min<int64_t>(big, kLayerReuseMinTokens - 1), graph);
   // Tensors start a new arena block when they do not fit the rest of one (256 MiB blocks), which
   // the sums do not see, and split-KV attention (decode batches) takes partial sums of about
   // 2 x 264 blocks x 16 heads x (hd + 2) a layer. Measured on the H200 (Flash cut to 37 layers,
   // the high water the CUDA backend prints): 11196 MiB at 8192 tokens and 1216 MiB at 1024
   // (1.45 and 1.26 times the large-step sum), 3713 MiB with 64-token decode graphs beside a
   // 2048-token step (1.9 times the batch sum); the plan takes 1.5 and 2 times.
-  const int64_t split_kv = 2 * 264 * 16 * (hd + 2) * c.num_layers;
-  const int64_t large = big * (carried + layer_max) * 3 / 2;
-  const int64_t batches = small * (carried + layers_sum) * 2 + split_kv;
-  const int64_t per_step = std::max(large, batches);
+  // In double: a config at the validation limits would overflow 64-bit integers.
+  using F = double;
+  const F split_kv = F(2 * 264 * 16) * F(hd + 2) * F(c.num_layers);
+  const F large = F(big) * F(carried + layer_max) * 1.5;
+  const F batches = F(small) * (F(carried) + F(layers_sum)) * 2 + split_kv;
   // One scores buffer per step (the CSA layers share it): tokens x visible entries.
-  const int64_t scores = min_ratio > 0 ? big * (max_len / min_ratio + 1) : 0;
-  return static_cast<uint64_t>(per_step + scores) * 4;
+  const F scores = min_ratio > 0 ? F(big) * F(max_len / min_ratio + 1) : 0;
+  // The head and the sampler: the sampled rows' streams, normed rows, logits and a work row each.
+  const F rows = F(std::min<int64_t>(big, std::max<int32_t>(cache.num_slots, 1) + 1));
+  const F head = rows * (F(n * D + D) + 2 * F(c.vocab_size));
+  const F bytes = (std::max(large, batches) + scores + head) * 4;
+  return bytes >= 1.8e19 ? std::numeric_limits<uint64_t>::max() : static_cast<uint64_t>(bytes);
 }
 
 uint64_t MemoryPlan::weight_bytes() const {
@@ -585,7 +591,10 @@ absl::Status Dsv4Model::CheckFits(const MemoryPlan& plan, const Backend& backend
   // cuBLASLt workspaces, the FP8 dequantisation buffers (one per stream), graphs and what the
   // allocator rounds take the reserve (the step's activations are counted above).
   const uint64_t reserve = (1ull << 30) + *free_bytes / 100;
-  const uint64_t need = plan.weight_bytes() + plan.pools + plan.step_scratch + reserve;
+  auto add = [](uint64_t a, uint64_t b) {
+    return a > std::numeric_limits<uint64_t>::max() - b ? std::numeric_limits<uint64_t>::max() : a + b;
+  };
+  const uint64_t need = add(add(add(plan.weight_bytes(), plan.pools), plan.step_scratch), reserve);
   if (need > *free_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the model does not fit: it needs ", need >> 20, " MiB of device memory (weights ",
@@ -593,7 +602,7 @@ absl::Status Dsv4Model::CheckFits(const MemoryPlan& plan, const Backend& backend
         plan.step_scratch >> 20, " MiB, reserve ", reserve >> 20, " MiB) and the device has ",
         *free_bytes >> 20,
         " MiB free; use fewer layers, fewer --max-num-seqs / a shorter --max-model-len, a "
-        "smaller step budget (--max-batched-tokens), --weight-format auto, or more GPUs"));
+        "smaller step budget (--max-batched-tokens) or smaller --cudagraph-capture-sizes (a graph step keeps every layer's activations), --weight-format auto, or more GPUs"));
   }
   return absl::OkStatus();
 }

@@ -135,7 +135,16 @@ class Bench final : public Command {
     ModelLoader loader(flags_);
     // The largest step: a real prefill of every sequence's prompt at once, or a decode batch.
     const bool prefills = std::find(contexts_.begin(), contexts_.end(), 0) != contexts_.end();
-    loader.set_max_step_tokens(prefills ? int64_t{max_batch} * std::max(prompt_len_, 1) : max_batch);
+    const int64_t max_step = prefills ? int64_t{max_batch} * std::max(prompt_len_, 1) : max_batch;
+    // The largest graph step: a decode batch, or the prefill when it fits a capture size.
+    int32_t max_graph = 0;
+    for (const GraphConfig& mode : modes) {
+      max_graph = std::max(max_graph, MaxGraphTokens(mode, max_batch, max_batch));
+      if (prefills && !mode.capture_sizes.empty() && max_step <= mode.capture_sizes.back()) {
+        max_graph = std::max(max_graph, MaxGraphTokens(mode, max_step, max_batch));
+      }
+    }
+    loader.set_step_budget(max_step, max_graph);
     auto worker = loader.LoadWorker(max_batch, max_len);
     if (!worker.ok()) return Fail(worker.status());
     const WorkerInfo info = (*worker)->info();

@@ -38,6 +38,7 @@ absl::StatusOr<ModelLoader::Plan> ModelLoader::Prepare(int slots, int64_t max_le
   p.cache.max_model_len = static_cast<int32_t>(max_len);
   p.cache.max_step_tokens =
       static_cast<int32_t>(std::min<int64_t>(max_step_tokens_, std::numeric_limits<int32_t>::max()));
+  p.cache.max_graph_tokens = max_graph_tokens_;
   p.cache.num_blocks =
       static_cast<int32_t>(slots * ((max_len + p.cache.block_size - 1) / p.cache.block_size));
   LogInfo("model_loading", {{"config_path", config_path},

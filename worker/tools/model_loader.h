@@ -19,9 +19,13 @@ class ModelLoader {
   // Loads config + checkpoint (or synthetic weights) on the chosen device and builds the model
   // with room for `slots` sequences of up to `max_len` tokens.
   absl::StatusOr<std::unique_ptr<Dsv4Model>> Load(int slots, int64_t max_len);
-  // The memory plan's step budget (CacheConfig::max_step_tokens) for the next Load/LoadWorker:
-  // the tokens of the largest step the command will run; 0 = the default.
-  void set_max_step_tokens(int64_t tokens) { max_step_tokens_ = tokens; }
+  // The memory plan's step budget for the next Load/LoadWorker (CacheConfig::max_step_tokens and
+  // max_graph_tokens): the tokens of the largest step the command will run (0 = the default) and
+  // of the largest it runs as a graph (0 = none).
+  void set_step_budget(int64_t tokens, int32_t graph_tokens) {
+    max_step_tokens_ = tokens;
+    max_graph_tokens_ = graph_tokens;
+  }
   // The same model behind a serving worker (on-device sampling on CUDA).
   absl::StatusOr<std::unique_ptr<Worker>> LoadWorker(int slots, int64_t max_len);
   // The config of the last Load().
@@ -42,6 +46,7 @@ class ModelLoader {
   std::string resolved_device_;
   ModelConfig config_;
   int64_t max_step_tokens_ = 0;
+  int32_t max_graph_tokens_ = -1;  // unknown until set_step_budget
 };
 
 }  // namespace dsv4::cli
