@@ -8,13 +8,13 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "kernels/moe_ref.h"
 #include "common/dtype.h"
+#include "kernels/moe_shape.h"
 #include "kernels/ragged_batch.h"
 
 namespace dsv4::cuda {
 
-// The CPU reference's shape struct (kernels/moe_ref.h): one definition for both.
+// The CPU reference's shape struct (kernels/moe_shape.h): one definition for both.
 using RouterDims = ::dsv4::RouterShape;
 
 // logits [T, E] -> idx [T, K], weights [T, K]. tid2eid [V, K] (hash) or bias [E] (score) may be
@@ -27,7 +27,7 @@ absl::Status Route(const RouterDims& d, const float* logits, const float* bias,
 absl::Status SwiGlu(const float* gate_up, int64_t rows, int64_t inter, float limit, float* h,
                     cudaStream_t stream);
 
-// The CPU reference's shape struct (kernels/moe_ref.h): one definition for both.
+// The CPU reference's shape struct (kernels/moe_shape.h): one definition for both.
 using ExpertsDims = ::dsv4::ExpertsShape;
 
 // y[M, N] = x[M, K] · w[N, K]ᵀ for M <= kSmallGemvMaxRows (decode projections): the expert GEMV
