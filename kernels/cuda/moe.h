@@ -30,13 +30,6 @@ absl::Status SwiGlu(const float* gate_up, int64_t rows, int64_t inter, float lim
 // The CPU reference's shape struct (kernels/moe_shape.h): one definition for both.
 using ExpertsDims = ::dsv4::ExpertsShape;
 
-// y[M, N] = x[M, K] · w[N, K]ᵀ for M <= kSmallGemvMaxRows (decode projections): the expert GEMV
-// kernel on one weight, many blocks for narrow N, weights streamed once. bf16 weights see x
-// rounded to bf16, as in the cuBLASLt path; fp32 accumulation.
-constexpr int64_t kSmallGemvMaxRows = 8;
-absl::Status SmallGemv(const float* x, int64_t m, int64_t k, const void* w, DType wdtype, int64_t n,
-                       float* y, cudaStream_t stream);
-
 // Bytes of device workspace MoeExperts needs for `tokens` tokens.
 size_t MoeWorkspaceBytes(const ExpertsDims& d);
 

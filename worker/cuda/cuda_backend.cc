@@ -25,6 +25,7 @@
 #include "kernels/cuda/mhc.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/norm_rope.h"
+#include "kernels/cuda/small_gemv.h"
 #include "worker/model/op_checks.h"
 
 namespace dsv4 {
