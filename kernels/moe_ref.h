@@ -4,14 +4,9 @@
 
 #include <cstdint>
 
-namespace dsv4 {
+#include "kernels/moe_shape.h"
 
-struct RouterShape {
-  int64_t tokens = 0;
-  int64_t experts = 0;   // E
-  int64_t top_k = 0;     // K
-  float routed_scale = 1;
-};
+namespace dsv4 {
 
 // logits [T, E]. Score s = sqrt(softplus(logit)). Hash routing (tid2eid [V, K] non-null): idx =
 // tid2eid[token_ids[t]]. Score routing: idx = top-K of s + bias (bias [E]). weights[t, k] =
@@ -21,15 +16,6 @@ void RouteRef(const RouterShape& s, const float* logits, const float* bias, cons
 
 // h[M, I] = silu(min(gu[:, :I], L)) ⊙ clamp(gu[:, I:], -L, L); gu [M, 2I].
 void SwiGluRef(const float* gate_up, int64_t rows, int64_t inter, float limit, float* h);
-
-struct ExpertsShape {
-  int64_t tokens = 0;
-  int64_t dim = 0;       // D
-  int64_t inter = 0;     // I
-  int64_t experts = 0;   // E
-  int64_t top_k = 0;     // K
-  float swiglu_limit = 10;
-};
 
 // out[T, D] = Σ_k weights[t,k] · down[e] · SwiGLU(gate_up[e] · u[t]), e = idx[t,k], grouped by
 // expert so that each expert is one GEMM over its tokens. gate_up [E, 2I, D], down [E, D, I].

@@ -27,9 +27,9 @@
 // columns, aiming at ~2 cluster blocks per SM) go to a thread-block cluster of C blocks of 8
 // warps (one tile per block, slices rank * 8 .. rank * 8 + 7; about 2 steps per warp, all in
 // flight at once), and block rank 0 adds the blocks' sums through distributed shared memory in
-// rank order (as SplitGemvKernel in moe.cu). Within a slice a lane quad (lanes 4g..4g+3) reads
-// 64 contiguous bytes of each of its rows g, g+8, g+16, g+24 per 64-wide k step: one 16-byte load
-// (16 consecutive k) per lane and row. The loads run kDepth = 2 steps ahead of their use, a ring
+// rank order (as SplitGemvKernel in small_gemv.cu). Within a slice a lane quad (lanes 4g..4g+3)
+// reads 64 contiguous bytes of each of its rows g, g+8, g+16, g+24 per 64-wide k step: one
+// 16-byte load (16 consecutive k) per lane and row. The loads run kDepth = 2 steps ahead of their use, a ring
 // of two register sets (the load of step s + 2 is issued as step s is consumed; the first two
 // go out before the PDL wait: weights and scales are constant), so every warp keeps 4 KiB in
 // flight all along its slice (64 KiB per SM sustained). The dot product does not care how k is

@@ -8,13 +8,13 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "kernels/moe_ref.h"
 #include "common/dtype.h"
+#include "kernels/moe_shape.h"
 #include "kernels/ragged_batch.h"
 
 namespace dsv4::cuda {
 
-// The CPU reference's shape struct (kernels/moe_ref.h): one definition for both.
+// The CPU reference's shape struct (kernels/moe_shape.h): one definition for both.
 using RouterDims = ::dsv4::RouterShape;
 
 // logits [T, E] -> idx [T, K], weights [T, K]. tid2eid [V, K] (hash) or bias [E] (score) may be
@@ -27,15 +27,8 @@ absl::Status Route(const RouterDims& d, const float* logits, const float* bias,
 absl::Status SwiGlu(const float* gate_up, int64_t rows, int64_t inter, float limit, float* h,
                     cudaStream_t stream);
 
-// The CPU reference's shape struct (kernels/moe_ref.h): one definition for both.
+// The CPU reference's shape struct (kernels/moe_shape.h): one definition for both.
 using ExpertsDims = ::dsv4::ExpertsShape;
-
-// y[M, N] = x[M, K] · w[N, K]ᵀ for M <= kSmallGemvMaxRows (decode projections): the expert GEMV
-// kernel on one weight, many blocks for narrow N, weights streamed once. bf16 weights see x
-// rounded to bf16, as in the cuBLASLt path; fp32 accumulation.
-constexpr int64_t kSmallGemvMaxRows = 8;
-absl::Status SmallGemv(const float* x, int64_t m, int64_t k, const void* w, DType wdtype, int64_t n,
-                       float* y, cudaStream_t stream);
 
 // Bytes of device workspace MoeExperts needs for `tokens` tokens.
 size_t MoeWorkspaceBytes(const ExpertsDims& d);

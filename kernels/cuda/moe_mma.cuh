@@ -1,5 +1,6 @@
 // The routed-expert kernels shared by MoeExperts (moe.cu: bf16 and fp32 weights) and
-// MoeExpertsQuant / MoeDecodeQuant (moe_quant.cu: MXFP4 and FP8 weights): the FMA grouped GEMV,
+// MoeExpertsQuant / MoeDecodeQuant (moe_quant.cu: MXFP4 and FP8 weights), whose FMA grouped GEMV
+// is also SmallGemv's fallback (small_gemv.cu, one dense weight): the FMA grouped GEMV,
 // the tensor-core expert kernels (8 assignments per weight load, and the wide kernel for experts
 // with more), their launchers, and the assignment sort and combine (defined in moe.cu).
 //
@@ -13,7 +14,7 @@
 // and a second only for warps with a scale above 2^1; ExpertMmaKernel's when no wide pass runs
 // and the single-token kernels', moe_quant.cu: 44.1 against 48.5 us at T = 1 on the H200).
 //
-// Included by two .cu files: the kernels and policies are in an unnamed namespace (each file
+// Included by three .cu files: the kernels and policies are in an unnamed namespace (each file
 // instantiates its own; a __global__ template instantiated with external linkage in two whole-
 // program CUDA translation units would be registered twice); the host API of moe.cu is not.
 #pragma once

@@ -7,14 +7,14 @@
 // registers right before the mma; then the deterministic combine. fp32 mode (`exact`): the FMA
 // grouped GEMV with the weights dequantised exactly to fp32 (the CPU reference's values).
 //
-// One token (MoeDecodeQuant): MoeDecodeBf16's two weight-streaming kernels (gemv.cu), gate/up +
-// SwiGLU then down + the slot combine, on tensor cores: a warp streams a 16-row tile of one slot
+// One token (MoeDecodeQuant): MoeDecodeBf16's two weight-streaming kernels (moe_decode.cu), gate/up
+// + SwiGLU then down + the slot combine, on tensor cores: a warp streams a 16-row tile of one slot
 // (routed expert or the shared one) with the same lane-quad loads and in-register expansion,
-// against the token's activations staged once in shared memory in the expansion's k pairing
-// (all 8 mma columns carry the same token, so every lane ends with its rows' sums). K is split
-// over warps so that every warp streams about the same bytes (16 KiB of Flash weights): gate/up
-// tiles over 2 warps (MXFP4), 4 (FP8) or 8 (bf16 shared expert); in the down kernel one warp per
-// routed slot and the shared expert over as many as its bytes need.
+// against the token's activations staged once in shared memory in the expansion's k pairing (all 8
+// mma columns carry the same token, so every lane ends with its rows' sums). K is split over warps
+// so that every warp streams about the same bytes (16 KiB of Flash weights): gate/up tiles over 2
+// warps (MXFP4), 4 (FP8) or 8 (bf16 shared expert); in the down kernel one warp per routed slot and
+// the shared expert over as many as its bytes need.
 //
 // MXFP4 expansion: the single-token kernels, and ExpertMmaKernel in steps without a wide pass,
 // fold the 2^126 that places the e2m1 bits in bf16 into the UE8M0 scale: one bf16 product per

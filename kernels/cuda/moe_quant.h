@@ -1,6 +1,6 @@
 // CUDA launchers: the MoE block's experts with quantised weights (kernels/quant_weights.h): the
 // release's MXFP4 routed experts (and the -Base checkpoints' FP8 ones), plus an FP8 shared expert.
-// Same semantics as moe.h MoeExperts and gemv.h MoeDecodeBf16 (dsv4-model.md §10):
+// Same semantics as moe.h MoeExperts and moe_decode.h MoeDecodeBf16 (dsv4-model.md §10):
 //   out[T, D] = Σ_k weights[t,k] · down[e] · SwiGLU(gate_up[e] · u[t]), e = idx[t,k]
 // with SwiGLU(g, v) = silu(min(g, L)) · clamp(v, -L, L).
 #pragma once
@@ -10,8 +10,8 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "kernels/cuda/gemv.h"
 #include "kernels/cuda/moe.h"
+#include "kernels/cuda/moe_decode.h"
 #include "kernels/quant_weights.h"
 
 namespace dsv4::cuda {
@@ -33,9 +33,9 @@ absl::Status MoeExpertsQuant(const ExpertsDims& d, const float* u, const int32_t
                              const float* weights, const QuantExperts& w, bool exact,
                              void* workspace, float* out, cudaStream_t stream, bool wide = true);
 
-// One token (batch-1 decode), as MoeDecodeBf16 (gemv.h) with quantised routed experts: `a` gives
-// the sizes, u, idx, weights, h, out and the shared expert (a.shared_gate_up / a.shared_down in
-// bf16, or `shared_fp8` when its matrices are set: [2I, D] and [D, I]); a.gate_up / a.down are
+// One token (batch-1 decode), as MoeDecodeBf16 (moe_decode.h) with quantised routed experts: `a`
+// gives the sizes, u, idx, weights, h, out and the shared expert (a.shared_gate_up / a.shared_down
+// in bf16, or `shared_fp8` when its matrices are set: [2I, D] and [D, I]); a.gate_up / a.down are
 // unused. Built for HBM bandwidth (the quantised bytes streamed once).
 bool MoeDecodeQuantFits(const MoeDecodeArgs& a, const QuantExperts& w);
 absl::Status MoeDecodeQuant(const MoeDecodeArgs& a, const QuantExperts& w,

@@ -24,7 +24,9 @@
 #include "kernels/cuda/indexer.h"
 #include "kernels/cuda/mhc.h"
 #include "kernels/cuda/moe.h"
+#include "kernels/cuda/moe_decode.h"
 #include "kernels/cuda/norm_rope.h"
+#include "kernels/cuda/small_gemv.h"
 #include "worker/model/op_checks.h"
 
 namespace dsv4 {
@@ -1277,7 +1279,7 @@ absl::Status CudaBackend::MoeExperts(const Tensor& u, const Tensor& idx, const T
   if (w.gate_up.quantized()) return QuantMoeExperts(u, idx, weights, w, swiglu_limit, out);
   const Tensor &gate_up = w.gate_up, &down = w.down;
   // One token with bf16 weights: routed and shared experts in two weight-streaming kernels
-  // (kernels/cuda/gemv.h), no sort and no combine. (h is op scratch: 256-byte aligned.)
+  // (kernels/cuda/moe_decode.h), no sort and no combine. (h is op scratch: 256-byte aligned.)
   const bool shared = !w.shared_gate_up.empty();
   cuda::MoeDecodeArgs a;
   a.dim = u.dim(1);

@@ -280,7 +280,8 @@ class CudaBackend final : public Backend {
   size_t scratch_high_ = 0;
   int32_t scratch_high_tokens_ = 0;
   bool shortcut_in_capture_ = false;
-  bool row_gemv_ = true;  // single-token GEMV / fused MoE kernels (kernels/cuda/gemv.h)
+  // single-token GEMV / fused MoE kernels (kernels/cuda/gemv.h, moe_decode.h)
+  bool row_gemv_ = true;
   bool hc_cluster_ = true;  // decode boundaries as one cluster launch (cuda::HcClusterNorm)
   bool moe_wide_ = true;    // experts with > 8 tokens read their weights once per 64 of them
   bool defer_gates_ = true;  // the boundaries' Sinkhorn on the gates stream (DeferredGates)
