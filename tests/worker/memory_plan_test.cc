@@ -40,6 +40,19 @@ ModelConfig Flash(int layers) {
   return *c;
 }
 
+// A cache of `slots` sequences of `max_len` tokens in 128-token blocks, with the step budget
+// (CacheConfig::max_step_tokens, max_graph_tokens).
+CacheConfig Cache(int32_t slots, int32_t max_len, int32_t step_tokens = 0, int32_t graph_tokens = -1) {
+  CacheConfig c;
+  c.num_slots = slots;
+  c.max_model_len = max_len;
+  c.block_size = 128;
+  c.num_blocks = slots * ((max_len + 127) / 128);
+  c.max_step_tokens = step_tokens;
+  c.max_graph_tokens = graph_tokens;
+  return c;
+}
+
 // Released formats: what the model's name policy quantises (the synthetic loader's policy).
 QuantFormat Released(const std::string& n) {
   if (n.find("mlp.experts.") != std::string::npos) return QuantFormat::kMxfp4;
@@ -56,11 +69,7 @@ QuantFormat Released(const std::string& n) {
 
 TEST(MemoryPlan, FlashWeightsInTheReleasedFormats) {
   PlanningBackend be(0);
-  CacheConfig cache;
-  cache.num_slots = 64;
-  cache.max_model_len = 8192;
-  cache.block_size = 128;
-  cache.num_blocks = 64 * 8192 / 128;
+  const CacheConfig cache = Cache(64, 8192);
   auto quant = Dsv4Model::PlanMemory(Flash(43), cache, be, Released);
   auto dense = Dsv4Model::PlanMemory(Flash(43), cache, be, [](const std::string&) {
     return QuantFormat::kNone;
@@ -79,11 +88,7 @@ TEST(MemoryPlan, FlashWeightsInTheReleasedFormats) {
 
 // A model that does not fit is refused before any weight is made, naming what it needs.
 TEST(MemoryPlan, ModelThatDoesNotFitIsRefused) {
-  CacheConfig cache;
-  cache.num_slots = 4;
-  cache.max_model_len = 1024;
-  cache.block_size = 128;
-  cache.num_blocks = 32;
+  const CacheConfig cache = Cache(4, 1024);
   auto m = Dsv4Model::LoadSynthetic(Flash(43), 1, std::make_unique<PlanningBackend>(80ull << 30),
                                     cache, LoadOptions{true, true});
   ASSERT_FALSE(m.ok());
@@ -95,12 +100,7 @@ TEST(MemoryPlan, ModelThatDoesNotFitIsRefused) {
 // Step scratch: large steps (a layer's scratch reused by the next) grow with the step's tokens
 // and one layer; decode batches (every layer's scratch kept) with the depth.
 TEST(MemoryPlan, StepScratchCountsOneLayerForLargeStepsAndEveryLayerForBatches) {
-  CacheConfig cache;
-  cache.num_slots = 64;
-  cache.max_model_len = 8192;
-  cache.block_size = 128;
-  cache.num_blocks = 64 * 8192 / 128;
-  cache.max_graph_tokens = 64;  // decode graphs of up to the 64 slots
+  const CacheConfig cache = Cache(64, 8192, 0, 64);  // decode graphs of up to the 64 slots
   auto scratch = [&](int layers, int32_t tokens) {
     CacheConfig c = cache;
     c.max_step_tokens = tokens;
@@ -120,12 +120,7 @@ TEST(MemoryPlan, StepScratchCountsOneLayerForLargeStepsAndEveryLayerForBatches) 
 
 // The step scratch is part of what must fit, and the refusal says so.
 TEST(MemoryPlan, StepScratchIsPartOfTheFit) {
-  CacheConfig cache;
-  cache.num_slots = 4;
-  cache.max_model_len = 1 << 16;
-  cache.block_size = 128;
-  cache.num_blocks = 4 * (1 << 16) / 128;
-  cache.max_step_tokens = 1 << 16;  // a 64k-token step: tens of GiB of activations
+  CacheConfig cache = Cache(4, 1 << 16, 1 << 16);  // a 64k-token step: tens of GiB of activations
   auto m = Dsv4Model::LoadSynthetic(Flash(2), 1, std::make_unique<PlanningBackend>(40ull << 30),
                                     cache, LoadOptions{true, true});
   ASSERT_FALSE(m.ok());
@@ -143,21 +138,11 @@ TEST(MemoryPlan, StepScratchIsPartOfTheFit) {
 // one token: the decode).
 TEST(MemoryPlan, StepScratchCoversWhatTheArenasHeld) {
   const double mib = 1 << 20;
-  CacheConfig serve;
-  serve.num_slots = 64;
-  serve.max_model_len = 8018;
-  serve.block_size = 128;
-  serve.max_step_tokens = 2048;
-  serve.max_graph_tokens = 64;
+  const CacheConfig serve = Cache(64, 8018, 2048, 64);
   EXPECT_GE(Dsv4Model::StepScratchBytes(Flash(37), serve) / mib, 4064);
   EXPECT_LE(Dsv4Model::StepScratchBytes(Flash(37), serve) / mib, 2.5 * 4064);
   for (const auto& [tokens, held] : {std::pair{8192, 11522}, std::pair{1024, 1280}}) {
-    CacheConfig one;
-    one.num_slots = 1;
-    one.max_model_len = tokens + 4;
-    one.block_size = 128;
-    one.max_step_tokens = tokens;
-    one.max_graph_tokens = 1;
+    const CacheConfig one = Cache(1, tokens + 4, tokens, 1);
     EXPECT_GE(Dsv4Model::StepScratchBytes(Flash(37), one) / mib, held) << tokens;
     // and not far above it (the plan must not refuse what fits)
     EXPECT_LE(Dsv4Model::StepScratchBytes(Flash(37), one) / mib, 2.5 * held) << tokens;
@@ -167,12 +152,7 @@ TEST(MemoryPlan, StepScratchCoversWhatTheArenasHeld) {
 // Steps run as graphs keep every layer's scratch: piecewise prefill of up to 512 tokens on a
 // deep model needs far more than the same step run eagerly.
 TEST(MemoryPlan, GraphStepsCountEveryLayer) {
-  CacheConfig c;
-  c.num_slots = 64;
-  c.max_model_len = 8192;
-  c.block_size = 128;
-  c.max_step_tokens = 2048;
-  c.max_graph_tokens = 64;
+  CacheConfig c = Cache(64, 8192, 2048, 64);
   const double decode_graphs = static_cast<double>(Dsv4Model::StepScratchBytes(Flash(37), c));
   c.max_graph_tokens = 512;
   const double prefill_graphs = static_cast<double>(Dsv4Model::StepScratchBytes(Flash(37), c));
