@@ -61,7 +61,10 @@ void MoeExpertsRef(const ExpertsShape& s, const float* u, const int32_t* idx, co
   // Assignments (token, k) grouped by expert.
   std::vector<std::vector<int64_t>> by_expert(s.experts);
   for (int64_t t = 0; t < s.tokens; ++t) {
-    for (int64_t k = 0; k < s.top_k; ++k) by_expert[idx[t * s.top_k + k]].push_back(t * s.top_k + k);
+    for (int64_t k = 0; k < s.top_k; ++k) {
+      const int32_t e = idx[t * s.top_k + k];
+      if (e >= 0) by_expert[e].push_back(t * s.top_k + k);
+    }
   }
   std::vector<float> x, gu, h, y;
   for (int64_t e = 0; e < s.experts; ++e) {

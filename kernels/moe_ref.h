@@ -19,6 +19,7 @@ void SwiGluRef(const float* gate_up, int64_t rows, int64_t inter, float limit, f
 
 // out[T, D] = Σ_k weights[t,k] · down[e] · SwiGLU(gate_up[e] · u[t]), e = idx[t,k], grouped by
 // expert so that each expert is one GEMM over its tokens. gate_up [E, 2I, D], down [E, D, I].
+// An idx of -1 is an expert another rank owns (expert parallelism): the assignment is skipped.
 void MoeExpertsRef(const ExpertsShape& s, const float* u, const int32_t* idx, const float* weights,
                    const float* gate_up, const float* down, float* out);
 

@@ -15,6 +15,7 @@
 #include "kernels/moe_ref.h"
 #include "kernels/rms_norm_ref.h"
 #include "kernels/rope_ref.h"
+#include "parallel/communicator.h"
 #include "worker/checkpoint/stored_weight.h"
 #include "worker/model/op_checks.h"
 
@@ -38,7 +39,7 @@ size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 }  // namespace
 
-CpuBackend::CpuBackend() = default;
+CpuBackend::CpuBackend(Communicator* comm) : comm_(comm) {}
 CpuBackend::~CpuBackend() = default;
 
 absl::StatusOr<Tensor> CpuBackend::Allocate(std::vector<Block>* owner, DType dtype, Shape shape) {
@@ -347,6 +348,13 @@ absl::Status CpuBackend::Route(const RouterParams& p, const Tensor& logits, cons
   RouteRef(s, logits.ptr<float>(), bias.empty() ? nullptr : bias.ptr<float>(),
            p.hash ? tid2eid.ptr<int32_t>() : nullptr, view_.token_ids, idx.ptr<int32_t>(),
            weights.ptr<float>());
+  if (p.local_experts > 0) {  // expert parallelism: local ids, -1 for another rank's experts
+    int32_t* ids = idx.ptr<int32_t>();
+    for (int64_t i = 0; i < idx.numel(); ++i) {
+      const int64_t local = ids[i] - p.expert_begin;
+      ids[i] = local >= 0 && local < p.local_experts ? static_cast<int32_t>(local) : -1;
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -364,7 +372,7 @@ absl::Status CpuBackend::MoeExperts(const Tensor& u, const Tensor& idx, const Te
   s.swiglu_limit = swiglu_limit;
   for (int64_t i = 0; i < idx.numel(); ++i) {
     const int32_t e = idx.ptr<int32_t>()[i];
-    RETURN_IF_ERROR(Check(e >= 0 && e < s.experts, "MoeExperts", "expert index out of range"));
+    RETURN_IF_ERROR(Check(e >= -1 && e < s.experts, "MoeExperts", "expert index out of range"));
   }
   MoeExpertsRef(s, u.ptr<float>(), idx.ptr<int32_t>(), weights.ptr<float>(), gate_up.ptr<float>(),
                 down.ptr<float>(), out.ptr<float>());
@@ -375,6 +383,27 @@ absl::Status CpuBackend::SwiGlu(const Tensor& gate_up, float limit, Tensor h) {
   RETURN_IF_ERROR(op_checks::SwiGlu(gate_up, h));
   SwiGluRef(gate_up.ptr<float>(), h.dim(0), h.dim(1), limit, h.ptr<float>());
   return absl::OkStatus();
+}
+
+absl::Status CpuBackend::SupportsTensorParallel(const ParallelLayout& layout) const {
+  if (comm_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "tensor_parallel_size ", layout.world_size, " on a cpu backend without a communicator"));
+  }
+  if (comm_->rank() != layout.rank || comm_->world_size() != layout.world_size ||
+      comm_->memory_space() != MemorySpace::kHost) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the cpu backend's communicator is rank ", comm_->rank(), " of ", comm_->world_size(),
+        " (", comm_->backend_name(), "); the model is rank ", layout.rank, " of ",
+        layout.world_size));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::AllReduceSum(Tensor x) {
+  if (comm_ == nullptr) return Backend::AllReduceSum(x);
+  RETURN_IF_ERROR(Check(x.dtype == DType::kF32 && x.data != nullptr, "AllReduceSum", "f32 tensor"));
+  return comm_->AllReduceSum(x.data, x.data, static_cast<size_t>(x.numel()), DType::kF32, nullptr);
 }
 
 }  // namespace dsv4

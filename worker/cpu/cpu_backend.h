@@ -11,9 +11,13 @@
 
 namespace dsv4 {
 
+class Communicator;  // parallel/communicator.h
+
 class CpuBackend : public Backend {
  public:
-  CpuBackend();
+  // `comm` (not owned; may be null): the tensor-parallel group this rank belongs to, a host
+  // communicator (Gloo) whose rank and size the model's ParallelLayout must match.
+  explicit CpuBackend(Communicator* comm = nullptr);
   ~CpuBackend() override;
 
   std::string_view name() const override { return "cpu"; }
@@ -53,6 +57,8 @@ class CpuBackend : public Backend {
   absl::Status MoeExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,
                           const MoeWeights& w, float swiglu_limit, Tensor out) override;
   absl::Status SwiGlu(const Tensor& gate_up, float limit, Tensor h) override;
+  absl::Status SupportsTensorParallel(const ParallelLayout& layout) const override;
+  absl::Status AllReduceSum(Tensor x) override;
 
   // Bytes held by weights and pools.
   size_t persistent_bytes() const { return persistent_bytes_; }
@@ -69,6 +75,7 @@ class CpuBackend : public Backend {
   size_t scratch_block_ = 0;        // current block
   size_t scratch_offset_ = 0;       // bump offset inside it
   size_t persistent_bytes_ = 0;
+  Communicator* comm_ = nullptr;
   const StepMeta* meta_ = nullptr;
   RaggedBatchView view_;
 };

@@ -1,10 +1,22 @@
 #include "worker/model/backend.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "worker/checkpoint/stored_weight.h"
 #include "worker/model/op_checks.h"
 
 namespace dsv4 {
+
+absl::Status Backend::SupportsTensorParallel(const ParallelLayout& layout) const {
+  return absl::UnimplementedError(absl::StrCat(
+      "the ", AV(name()), " backend does not run tensor parallelism yet (tensor_parallel_size ",
+      layout.world_size, "); use tensor_parallel_size 1 or the cpu device"));
+}
+
+absl::Status Backend::AllReduceSum(Tensor x) {
+  return absl::FailedPreconditionError(absl::StrCat("AllReduceSum on the ", AV(name()),
+                                                    " backend, which has no communicator"));
+}
 
 absl::StatusOr<Tensor> Backend::CreateStoredWeight(const StoredWeight& src, WeightUse use) {
   if (src.format == WeightFormat::kDense) return CreateWeight(src.dense, use);

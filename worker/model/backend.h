@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/tensor_parallel.h"
 #include "kernels/ragged_batch.h"
 #include "worker/model/tensor.h"
 
@@ -146,6 +147,10 @@ struct RouterParams {
   int64_t top_k = 0;
   float routed_scale = 1;
   bool hash = false;       // route through tid2eid instead of biased top-k
+  // Expert parallelism: this rank holds experts [expert_begin, expert_begin + local_experts);
+  // Route writes their ids less expert_begin and -1 for every other expert (0: all experts here).
+  int64_t expert_begin = 0;
+  int64_t local_experts = 0;
 };
 
 // How a weight is used: GEMM operands and embedding tables may be stored in a lower precision
@@ -206,6 +211,10 @@ class Backend {
   // values this backend supports (the model refuses to load: a config never fails at its first
   // step). The CPU reference runs every valid config.
   virtual absl::Status Supports(const ModelConfig& config) const { return absl::OkStatus(); }
+  // OK when this backend can run rank `layout.rank` of a tensor-parallel group of
+  // `layout.world_size`: it has that group's communicator (AllReduceSum) and its Route and
+  // MoeExperts take expert-parallel ids. The default cannot (Unimplemented, naming the backend).
+  virtual absl::Status SupportsTensorParallel(const ParallelLayout& layout) const;
   // Bytes per element of a dense weight matrix, and whether FP8/MXFP4 matrices stay in their
   // formats (else they cost dense bytes): what the load's memory plan counts.
   virtual int DenseMatrixBytes() const { return 4; }
@@ -231,6 +240,10 @@ class Backend {
   virtual absl::Status CopyToHost(const Tensor& src, void* dst) = 0;
   // Copies dst.nbytes() bytes of host memory into a tensor (tests and tools); waits for completion.
   virtual absl::Status CopyFromHost(const void* src, Tensor dst) = 0;
+
+  // ---- collectives (tensor parallelism) ----
+  // x = the sum of every rank's x, on every rank (the same bits everywhere).
+  virtual absl::Status AllReduceSum(Tensor x);
 
   // ---- dense ops ----
   // out[T, D] = table[token_ids[t]]
@@ -312,6 +325,7 @@ class Backend {
   // Expert(u) = down · SwiGLU(gate_up · u) with the clamp `swiglu_limit`.
   virtual absl::Status MoeExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,
                                   const MoeWeights& w, float swiglu_limit, Tensor out) = 0;
+  // (idx entries of -1 are experts of another rank: skipped; RouterParams::local_experts.)
   // h[M, I] = silu(min(gu[:, :I], L)) * clamp(gu[:, I:], -L, L)
   virtual absl::Status SwiGlu(const Tensor& gate_up, float limit, Tensor h) = 0;
   // h[T, I] = SwiGLU(shared_gate_up · u), the shared expert's first half, which reads u only:

@@ -15,40 +15,12 @@
 #include "common/status.h"
 #include "common/step_plan.h"
 #include "worker/checkpoint/weight_source.h"
+#include "worker/model/weight_loading.h"
 
 namespace dsv4 {
 
-struct HcWeights {
-  Tensor fn, base, scale;
-};
+struct Dsv4Model::Weights : ModelWeights {};
 
-struct CompressorWeights {
-  Tensor kv_proj;        // [c*d, D]
-  Tensor gate_proj;      // [c*d, D]
-  Tensor position_bias;  // [m, c*d]
-  Tensor kv_norm;        // [d]
-};
-
-struct LayerWeights {
-  Tensor attn_norm, ffn_norm;
-  HcWeights attn_hc, ffn_hc;
-  Tensor q_a_proj, q_a_norm, q_b_proj, kv_proj, kv_norm, o_a_proj, o_b_proj, sinks;
-  CompressorWeights compressor;        // CSA and HCA
-  CompressorWeights index_compressor;  // CSA
-  Tensor index_q_b_proj, index_weights_proj;
-  Tensor gate, gate_bias, tid2eid;
-  Tensor experts_gate_up;  // [E, 2I, D]
-  Tensor experts_down;     // [E, D, I]
-  Tensor shared_gate_up;   // [2I, D]
-  Tensor shared_down;      // [D, I]
-};
-
-struct Dsv4Model::Weights {
-  Tensor embed, head, norm;
-  HcWeights hc_head;
-  Tensor main_inv_freq, compress_inv_freq;
-  std::vector<LayerWeights> layers;
-};
 
 struct Dsv4Model::LayerCache {
   Tensor ring;           // [slots, W, hd]
@@ -58,321 +30,7 @@ struct Dsv4Model::LayerCache {
   Tensor index_state;    // [slots, state floats]
 };
 
-// Where weights come from: a checkpoint (through WeightSource) or a deterministic synthetic fill.
-class WeightFactory {
- public:
-  virtual ~WeightFactory() = default;
-  virtual bool Has(const std::string& name) const = 0;
-  virtual absl::StatusOr<Tensor> Get(const std::string& name, Shape shape, WeightUse use) = 0;
-  // Tensors `names` (each of `part` shape) stacked along dim 0 into `shape`.
-  virtual absl::StatusOr<Tensor> Stack(const std::vector<std::string>& names, Shape part,
-                                       Shape shape, WeightUse use) = 0;
-  // An int32 table whose values must lie in [0, modulus).
-  virtual absl::StatusOr<Tensor> Index(const std::string& name, Shape shape, int32_t modulus) = 0;
-};
-
 namespace {
-
-std::string L(int64_t layer, std::string_view suffix) {
-  return absl::StrCat("model.layers.", layer, ".", AV(suffix));
-}
-
-class CheckpointWeights final : public WeightFactory {
- public:
-  // `keep_formats`: matrices go to the backend as stored (FP8 / MXFP4 with their scales, which
-  // the backend may keep); otherwise everything is dequantised to fp32 here (--weight-format bf16).
-  CheckpointWeights(WeightSource* src, Backend* backend, bool keep_formats)
-      : src_(src), backend_(backend), keep_formats_(keep_formats) {}
-  bool Has(const std::string& name) const override { return src_->Has(name); }
-  absl::StatusOr<Tensor> Get(const std::string& name, Shape shape, WeightUse use) override {
-    if (keep_formats_ && use == WeightUse::kMatrix) {
-      ASSIGN_OR_RETURN(StoredWeight stored, src_->Stored(name, shape));
-      return backend_->CreateStoredWeight(stored, use);
-    }
-    ASSIGN_OR_RETURN(HostTensor host, src_->F32(name, shape));
-    return backend_->CreateWeight(host, use);
-  }
-  absl::StatusOr<Tensor> Stack(const std::vector<std::string>& names, Shape part, Shape shape,
-                               WeightUse use) override {
-    if (keep_formats_ && use == WeightUse::kMatrix) {
-      std::vector<StoredWeight> parts;
-      parts.reserve(names.size());
-      for (const std::string& name : names) {
-        ASSIGN_OR_RETURN(StoredWeight p, src_->Stored(name, part));
-        parts.push_back(std::move(p));
-      }
-      ASSIGN_OR_RETURN(StoredWeight all, StackParts(std::move(parts), shape));
-      return backend_->CreateStoredWeight(all, use);
-    }
-    HostTensor all{DType::kF32, shape, {}, {}};
-    all.f32.reserve(static_cast<size_t>(shape.numel()));
-    for (const std::string& name : names) {
-      ASSIGN_OR_RETURN(HostTensor t, src_->F32(name, part));
-      all.f32.insert(all.f32.end(), t.f32.begin(), t.f32.end());
-    }
-    return backend_->CreateWeight(all, use);
-  }
-  absl::StatusOr<Tensor> Index(const std::string& name, Shape shape, int32_t modulus) override {
-    ASSIGN_OR_RETURN(HostTensor table, src_->I32(name, shape));
-    for (int32_t e : table.i32) {
-      if (e < 0 || e >= modulus) {
-        return absl::InvalidArgumentError(absl::StrCat(name, " routes to expert ", e,
-                                                       " outside [0, ", modulus, ")"));
-      }
-    }
-    return backend_->CreateWeight(table, WeightUse::kParam);
-  }
-
- private:
-  WeightSource* src_;
-  Backend* backend_;
-  bool keep_formats_;
-};
-
-// Synthetic weights: every tensor seeded by (model seed, name), with ranges that keep activations
-// in a realistic regime (matrices ±1/sqrt(fan_in), norm weights and mHC scales near 1, biases
-// small).
-// How the release stores a matrix: FP8 block-scaled for the attention projections, the indexer's
-// query projection and the shared expert; MXFP4 for the routed experts; BF16 for the rest
-// (embeddings, head, compressors, the indexer's weights projection). dsv4-model.md §12.
-QuantFormat ReleasedFormat(const std::string& name) {
-  if (absl::StrContains(name, "mlp.experts.")) return QuantFormat::kMxfp4;
-  if (absl::StrContains(name, "mlp.shared_experts.")) return QuantFormat::kFp8Block;
-  if (absl::StrContains(name, "self_attn.compressor.indexer.q_b_proj")) return QuantFormat::kFp8Block;
-  if (absl::StrContains(name, "self_attn.compressor.")) return QuantFormat::kNone;
-  for (const char* p : {"self_attn.q_a_proj", "self_attn.q_b_proj", "self_attn.kv_proj",
-                        "self_attn.o_a_proj", "self_attn.o_b_proj"}) {
-    if (absl::StrContains(name, p)) return QuantFormat::kFp8Block;
-  }
-  return QuantFormat::kNone;
-}
-
-class SyntheticWeights final : public WeightFactory {
- public:
-  // `released_formats`: matrices in the formats the release stores them in (ReleasedFormat),
-  // FP8 with `fp8_block` blocks; otherwise dense.
-  SyntheticWeights(uint64_t seed, Backend* backend, bool released_formats,
-                   std::vector<int64_t> fp8_block)
-      : seed_(seed), backend_(backend), released_(released_formats), block_(std::move(fp8_block)) {}
-  bool Has(const std::string& name) const override { return true; }
-  absl::StatusOr<Tensor> Get(const std::string& name, Shape shape, WeightUse use) override {
-    return Make(name, shape, use, 0);
-  }
-  absl::StatusOr<Tensor> Make(const std::string& name, Shape shape, WeightUse use,
-                              int64_t part_rows) {
-    SyntheticSpec spec;
-    if (released_ && use == WeightUse::kMatrix && shape.rank >= 2) {
-      spec.format = ReleasedFormat(name);
-      if (block_.size() == 2) {
-        spec.block_rows = static_cast<int32_t>(block_[0]);
-        spec.block_cols = static_cast<int32_t>(block_[1]);
-      }
-      spec.part_rows = part_rows;
-    }
-    spec.shape = shape;
-    spec.seed = Seed(name);
-    const bool near_one = shape.rank == 1 && (absl::StrContains(name, "norm") ||
-                                              absl::EndsWith(name, "scale"));
-    if (near_one) {
-      spec.lo = 0.9f, spec.hi = 1.1f;
-    } else if (shape.rank == 1) {
-      spec.lo = -0.1f, spec.hi = 0.1f;
-    } else if (absl::StrContains(name, "embed_tokens")) {
-      spec.lo = -1.0f, spec.hi = 1.0f;
-    } else {
-      const float a = 1.0f / std::sqrt(static_cast<float>(shape[shape.rank - 1]));
-      spec.lo = -a, spec.hi = a;
-    }
-    return backend_->CreateSyntheticWeight(spec, use);
-  }
-  absl::StatusOr<Tensor> Stack(const std::vector<std::string>& names, Shape part, Shape shape,
-                               WeightUse use) override {
-    return Make(names.front(), shape, use, part[0]);
-  }
-  absl::StatusOr<Tensor> Index(const std::string& name, Shape shape, int32_t modulus) override {
-    SyntheticSpec spec;
-    spec.dtype = DType::kI32;
-    spec.shape = shape;
-    spec.seed = Seed(name);
-    spec.modulus = modulus;
-    return backend_->CreateSyntheticWeight(spec, WeightUse::kParam);
-  }
-
- private:
-  uint64_t Seed(const std::string& name) const {
-    uint64_t h = 1469598103934665603ull;  // FNV-1a
-    for (unsigned char ch : name) h = (h ^ ch) * 1099511628211ull;
-    return h ^ seed_;
-  }
-  uint64_t seed_;
-  Backend* backend_;
-  bool released_;
-  std::vector<int64_t> block_;
-};
-
-// The class a weight's bytes are counted under in the load's memory plan.
-const char* WeightClass(const std::string& name, WeightUse use) {
-  if (absl::StrContains(name, "mlp.experts.")) return "routed_experts";
-  if (absl::StrContains(name, "mlp.shared_experts.")) return "shared_expert";
-  if (absl::StrContains(name, "embed_tokens") || absl::StrContains(name, "lm_head")) {
-    return "embedding_head";
-  }
-  if (use == WeightUse::kParam) return "params";
-  if (absl::StrContains(name, "self_attn.compressor.")) return "compressor_indexer";
-  return "attention";
-}
-
-// Counts what the weights will take on a backend, allocating nothing: run through the same
-// Loader as the real load, it sees every tensor with its shape. `format_of` says how a matrix is
-// stored (checkpoint dtype, or the synthetic policy).
-class CensusWeights final : public WeightFactory {
- public:
-  CensusWeights(std::function<QuantFormat(const std::string&)> format_of, const Backend& backend,
-                std::map<std::string, uint64_t>* bytes)
-      : format_of_(std::move(format_of)), backend_(backend), bytes_(bytes) {}
-  bool Has(const std::string& name) const override { return true; }
-  absl::StatusOr<Tensor> Get(const std::string& name, Shape shape, WeightUse use) override {
-    (*bytes_)[WeightClass(name, use)] += Bytes(name, shape, use);
-    return Dummy(shape);
-  }
-  absl::StatusOr<Tensor> Stack(const std::vector<std::string>& names, Shape part, Shape shape,
-                               WeightUse use) override {
-    return Get(names.front(), shape, use);
-  }
-  absl::StatusOr<Tensor> Index(const std::string& name, Shape shape, int32_t) override {
-    (*bytes_)["params"] += static_cast<uint64_t>(shape.numel()) * 4;
-    return Dummy(shape);
-  }
-
- private:
-  uint64_t Bytes(const std::string& name, Shape shape, WeightUse use) const {
-    const uint64_t n = static_cast<uint64_t>(shape.numel());
-    if (use == WeightUse::kParam) return n * 4;
-    const QuantFormat f = backend_.KeepsQuantizedMatrices() ? format_of_(name) : QuantFormat::kNone;
-    if (f == QuantFormat::kFp8Block) return n + (n / (128 * 128) + 1) * 4;
-    if (f == QuantFormat::kMxfp4) return n / 2 + n / 32;
-    return n * static_cast<uint64_t>(backend_.DenseMatrixBytes());
-  }
-  static Tensor Dummy(Shape shape) {
-    static char byte;
-    Tensor t;
-    t.data = &byte;
-    t.shape = shape;
-    return t;
-  }
-  std::function<QuantFormat(const std::string&)> format_of_;
-  const Backend& backend_;
-  std::map<std::string, uint64_t>* bytes_;
-};
-
-class Loader {
- public:
-  explicit Loader(WeightFactory* f) : f_(f) {}
-
-  absl::StatusOr<Tensor> Param(const std::string& name, Shape shape) {
-    return f_->Get(name, shape, WeightUse::kParam);
-  }
-  absl::StatusOr<Tensor> Matrix(const std::string& name, Shape shape) {
-    return f_->Get(name, shape, WeightUse::kMatrix);
-  }
-  bool Has(const std::string& name) const { return f_->Has(name); }
-
-  absl::StatusOr<HcWeights> Hc(const std::string& prefix, int64_t mix, int64_t nd, int64_t scales,
-                              const char* fn, const char* base, const char* scale) {
-    HcWeights w;
-    ASSIGN_OR_RETURN(w.fn, Param(absl::StrCat(prefix, fn), Shape{mix, nd}));
-    ASSIGN_OR_RETURN(w.base, Param(absl::StrCat(prefix, base), Shape{mix}));
-    ASSIGN_OR_RETURN(w.scale, Param(absl::StrCat(prefix, scale), Shape{scales}));
-    return w;
-  }
-
-  absl::StatusOr<CompressorWeights> Compressor(const std::string& prefix, int64_t ratio,
-                                               int64_t overlap, int64_t dim, int64_t hidden) {
-    CompressorWeights w;
-    const int64_t cd = overlap * dim;
-    ASSIGN_OR_RETURN(w.kv_proj, Matrix(absl::StrCat(prefix, "kv_proj.weight"), Shape{cd, hidden}));
-    ASSIGN_OR_RETURN(w.gate_proj, Matrix(absl::StrCat(prefix, "gate_proj.weight"), Shape{cd, hidden}));
-    ASSIGN_OR_RETURN(w.position_bias, Param(absl::StrCat(prefix, "position_bias"), Shape{ratio, cd}));
-    ASSIGN_OR_RETURN(w.kv_norm, Param(absl::StrCat(prefix, "kv_norm.weight"), Shape{dim}));
-    return w;
-  }
-
-  // Routed experts as [E, 2I, D] and [E, D, I], from per-expert tensors or HF's fused ones.
-  absl::Status Experts(int64_t layer, const ModelConfig& c, LayerWeights* lw) {
-    const int64_t E = c.n_routed_experts, I = c.moe_intermediate_size, D = c.hidden_size;
-    const std::string fused_gu = L(layer, "mlp.experts.gate_up_proj");
-    if (Has(fused_gu)) {
-      ASSIGN_OR_RETURN(lw->experts_gate_up, Matrix(fused_gu, Shape{E, 2 * I, D}));
-      ASSIGN_OR_RETURN(lw->experts_down, Matrix(L(layer, "mlp.experts.down_proj"), Shape{E, D, I}));
-      return absl::OkStatus();
-    }
-    std::vector<std::string> gate_up, down;
-    for (int64_t e = 0; e < E; ++e) {
-      const std::string p = L(layer, absl::StrCat("mlp.experts.", e, "."));
-      gate_up.push_back(absl::StrCat(p, "gate_proj.weight"));
-      gate_up.push_back(absl::StrCat(p, "up_proj.weight"));
-      down.push_back(absl::StrCat(p, "down_proj.weight"));
-    }
-    ASSIGN_OR_RETURN(lw->experts_gate_up,
-                     f_->Stack(gate_up, Shape{I, D}, Shape{E, 2 * I, D}, WeightUse::kMatrix));
-    ASSIGN_OR_RETURN(lw->experts_down,
-                     f_->Stack(down, Shape{D, I}, Shape{E, D, I}, WeightUse::kMatrix));
-    return absl::OkStatus();
-  }
-
-  absl::Status Layer(int64_t l, const ModelConfig& c, LayerWeights* w) {
-    const int64_t D = c.hidden_size, H = c.num_heads, hd = c.head_dim, n = c.hc_mult;
-    ASSIGN_OR_RETURN(w->attn_norm, Param(L(l, "input_layernorm.weight"), Shape{D}));
-    ASSIGN_OR_RETURN(w->ffn_norm, Param(L(l, "post_attention_layernorm.weight"), Shape{D}));
-    ASSIGN_OR_RETURN(w->attn_hc, Hc(L(l, "attn_hc."), c.HcMixDim(), n * D, 3, "fn", "base", "scale"));
-    ASSIGN_OR_RETURN(w->ffn_hc, Hc(L(l, "ffn_hc."), c.HcMixDim(), n * D, 3, "fn", "base", "scale"));
-    ASSIGN_OR_RETURN(w->q_a_proj, Matrix(L(l, "self_attn.q_a_proj.weight"), Shape{c.q_lora_rank, D}));
-    ASSIGN_OR_RETURN(w->q_a_norm, Param(L(l, "self_attn.q_a_norm.weight"), Shape{c.q_lora_rank}));
-    ASSIGN_OR_RETURN(w->q_b_proj, Matrix(L(l, "self_attn.q_b_proj.weight"), Shape{H * hd, c.q_lora_rank}));
-    ASSIGN_OR_RETURN(w->kv_proj, Matrix(L(l, "self_attn.kv_proj.weight"), Shape{hd, D}));
-    ASSIGN_OR_RETURN(w->kv_norm, Param(L(l, "self_attn.kv_norm.weight"), Shape{hd}));
-    ASSIGN_OR_RETURN(w->o_a_proj, Matrix(L(l, "self_attn.o_a_proj.weight"),
-                                         Shape{c.o_groups * c.o_lora_rank, (H / c.o_groups) * hd}));
-    ASSIGN_OR_RETURN(w->o_b_proj, Matrix(L(l, "self_attn.o_b_proj.weight"),
-                                         Shape{D, c.o_groups * c.o_lora_rank}));
-    ASSIGN_OR_RETURN(w->sinks, Param(L(l, "self_attn.sinks"), Shape{H}));
-    const AttnType type = c.layer_types[l];
-    if (type != AttnType::kSliding) {
-      const int64_t overlap = type == AttnType::kCsa ? 2 : 1;
-      ASSIGN_OR_RETURN(w->compressor, Compressor(L(l, "self_attn.compressor."), c.Ratio(l), overlap,
-                                                 hd, D));
-    }
-    if (type == AttnType::kCsa) {
-      const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
-      ASSIGN_OR_RETURN(w->index_compressor,
-                       Compressor(L(l, "self_attn.compressor.indexer."), c.Ratio(l), 2, dI, D));
-      ASSIGN_OR_RETURN(w->index_q_b_proj, Matrix(L(l, "self_attn.compressor.indexer.q_b_proj.weight"),
-                                                 Shape{nI * dI, c.q_lora_rank}));
-      ASSIGN_OR_RETURN(w->index_weights_proj,
-                       Matrix(L(l, "self_attn.compressor.indexer.scorer.weights_proj.weight"),
-                              Shape{nI, D}));
-    }
-    const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok, I = c.moe_intermediate_size;
-    // The router stays fp32 on every backend: expert choice is sensitive to rounding.
-    ASSIGN_OR_RETURN(w->gate, Param(L(l, "mlp.gate.weight"), Shape{E, D}));
-    if (c.mlp_types[l] == MlpType::kHashMoe) {
-      ASSIGN_OR_RETURN(w->tid2eid, f_->Index(L(l, "mlp.gate.tid2eid"), Shape{c.vocab_size, K},
-                                             static_cast<int32_t>(E)));
-    } else {
-      ASSIGN_OR_RETURN(w->gate_bias, Param(L(l, "mlp.gate.e_score_correction_bias"), Shape{E}));
-    }
-    RETURN_IF_ERROR(Experts(l, c, w));
-    ASSIGN_OR_RETURN(w->shared_gate_up,
-                     f_->Stack({L(l, "mlp.shared_experts.gate_proj.weight"),
-                                L(l, "mlp.shared_experts.up_proj.weight")},
-                               Shape{I, D}, Shape{2 * I, D}, WeightUse::kMatrix));
-    ASSIGN_OR_RETURN(w->shared_down, Matrix(L(l, "mlp.shared_experts.down_proj.weight"), Shape{D, I}));
-    return absl::OkStatus();
-  }
-
- private:
-  WeightFactory* f_;
-};
 
 absl::StatusOr<Tensor> InvFreq(Backend* backend, const RopeConfig& rope, int64_t rope_dims) {
   HostTensor t{DType::kF32, Shape{rope_dims / 2}, RopeInvFreq(rope, rope_dims), {}};
@@ -385,10 +43,15 @@ Dsv4Model::~Dsv4Model() = default;
 
 absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Create(const ModelConfig& config,
                                                             std::unique_ptr<Backend> backend,
-                                                            const CacheConfig& cache) {
+                                                            const CacheConfig& cache,
+                                                            const ParallelLayout& parallel) {
   RETURN_IF_ERROR(backend->Supports(config));
+  ASSIGN_OR_RETURN(TensorShard shard, ShardOf(config, parallel));
+  if (parallel.distributed()) RETURN_IF_ERROR(backend->SupportsTensorParallel(parallel));
   std::unique_ptr<Dsv4Model> m(new Dsv4Model());
   m->config_ = config;
+  m->parallel_ = parallel;
+  m->shard_ = shard;
   m->backend_ = std::move(backend);
   m->cache_ = cache;
   if (m->cache_.block_size == 0) m->cache_.block_size = DefaultBlockSize(config);
@@ -416,58 +79,27 @@ absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Create(const ModelConfig& 
   return m;
 }
 
-namespace {
-
-// Every checkpoint weight of the model through `load` (InvFreq tables aside).
-absl::Status LoadWeightTree(const ModelConfig& config, Loader& load, Dsv4Model::Weights* w,
-                            const std::function<void(int64_t, int64_t)>& on_layer = {});
-
-}  // namespace
-
 absl::Status Dsv4Model::LoadWeights(WeightFactory* factory,
                                      const std::function<void(int64_t, int64_t)>& on_layer) {
   const ModelConfig& config = config_;
   Backend* be = backend_.get();
-  Loader load(factory);
   auto w = std::make_unique<Weights>();
-  RETURN_IF_ERROR(LoadWeightTree(config, load, w.get(), on_layer));
+  RETURN_IF_ERROR(LoadWeightTree(config, shard_, *factory, w.get(), on_layer));
   ASSIGN_OR_RETURN(w->main_inv_freq, InvFreq(be, config.main_rope, config.rope_dims));
   ASSIGN_OR_RETURN(w->compress_inv_freq, InvFreq(be, config.compress_rope, config.rope_dims));
   weights_ = std::move(w);
   return absl::OkStatus();
 }
 
-namespace {
-
-absl::Status LoadWeightTree(const ModelConfig& config, Loader& load, Dsv4Model::Weights* w,
-                            const std::function<void(int64_t, int64_t)>& on_layer) {
-  const int64_t D = config.hidden_size, V = config.vocab_size, n = config.hc_mult;
-  ASSIGN_OR_RETURN(w->embed, load.Matrix("model.embed_tokens.weight", Shape{V, D}));
-  if (config.tie_word_embeddings && !load.Has("lm_head.weight")) {
-    w->head = w->embed;
-  } else {
-    ASSIGN_OR_RETURN(w->head, load.Matrix("lm_head.weight", Shape{V, D}));
-  }
-  ASSIGN_OR_RETURN(w->norm, load.Param("model.norm.weight", Shape{D}));
-  ASSIGN_OR_RETURN(w->hc_head, load.Hc("model.hc_head.", n, n * D, 1, "hc_fn", "hc_base", "hc_scale"));
-  w->layers.resize(config.num_layers);
-  for (int64_t l = 0; l < config.num_layers; ++l) {
-    RETURN_IF_ERROR(load.Layer(l, config, &w->layers[l]));
-    if (on_layer) on_layer(l + 1, config.num_layers);
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::StatusOr<MemoryPlan> Dsv4Model::PlanMemory(
     const ModelConfig& config, const CacheConfig& cache, const Backend& backend,
-    const std::function<QuantFormat(const std::string&)>& format_of) {
+    const std::function<QuantFormat(const std::string&)>& format_of,
+    const ParallelLayout& parallel) {
   MemoryPlan plan;
-  CensusWeights census(format_of, backend, &plan.weights);
-  Loader load(&census);
+  ASSIGN_OR_RETURN(TensorShard shard, ShardOf(config, parallel));
+  auto census = CensusWeightFactory(format_of, backend, &plan.weights);
   Weights w;
-  RETURN_IF_ERROR(LoadWeightTree(config, load, &w));
+  RETURN_IF_ERROR(LoadWeightTree(config, shard, *census, &w));
   CacheConfig cc = cache;
   if (cc.block_size == 0) cc.block_size = DefaultBlockSize(config);
   ForEachPool(config, cc, [&](int64_t, const char*, Shape shape) {
@@ -612,7 +244,8 @@ absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Load(const ModelConfig& co
                                                           std::unique_ptr<Backend> backend,
                                                           const CacheConfig& cache,
                                                           const LoadOptions& options) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Dsv4Model> m, Create(config, std::move(backend), cache));
+  ASSIGN_OR_RETURN(std::unique_ptr<Dsv4Model> m,
+                   Create(config, std::move(backend), cache, options.parallel));
   ASSIGN_OR_RETURN(WeightSource src, WeightSource::Create(&ckpt, config.quant_block));
   ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(config, m->cache_, *m->backend_, [&](const std::string& n) {
     if (!options.keep_formats) return QuantFormat::kNone;
@@ -620,10 +253,10 @@ absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Load(const ModelConfig& co
     return f == WeightFormat::kFp8Block ? QuantFormat::kFp8Block
            : f == WeightFormat::kMxfp4  ? QuantFormat::kMxfp4
                                         : QuantFormat::kNone;
-  }));
+  }, options.parallel));
   RETURN_IF_ERROR(CheckFits(plan, *m->backend_));
-  CheckpointWeights factory(&src, m->backend_.get(), options.keep_formats);
-  RETURN_IF_ERROR(m->LoadWeights(&factory, options.on_layer));
+  auto factory = CheckpointWeightFactory(&src, m->backend_.get(), options.keep_formats);
+  RETURN_IF_ERROR(m->LoadWeights(factory.get(), options.on_layer));
   const auto unused = src.Unused();
   if (!unused.empty()) {
     LogWarning("checkpoint_unused_tensors",
@@ -640,14 +273,15 @@ absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::LoadSynthetic(const ModelC
                                                                    std::unique_ptr<Backend> backend,
                                                                    const CacheConfig& cache,
                                                                    const LoadOptions& options) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Dsv4Model> m, Create(config, std::move(backend), cache));
+  ASSIGN_OR_RETURN(std::unique_ptr<Dsv4Model> m,
+                   Create(config, std::move(backend), cache, options.parallel));
   ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(config, m->cache_, *m->backend_, [&](const std::string& n) {
     return options.synthetic_released_formats ? ReleasedFormat(n) : QuantFormat::kNone;
-  }));
+  }, options.parallel));
   RETURN_IF_ERROR(CheckFits(plan, *m->backend_));
-  SyntheticWeights factory(seed, m->backend_.get(), options.synthetic_released_formats,
-                           config.quant_block);
-  RETURN_IF_ERROR(m->LoadWeights(&factory, options.on_layer));
+  auto factory = SyntheticWeightFactory(seed, m->backend_.get(), options.synthetic_released_formats,
+                                        config.quant_block);
+  RETURN_IF_ERROR(m->LoadWeights(factory.get(), options.on_layer));
   RETURN_IF_ERROR(m->AllocatePools());
   return m;
 }
@@ -878,7 +512,8 @@ absl::Status Dsv4Model::AttentionBlock(int64_t l, const Tensor& x, Tensor out) {
   const ModelConfig& c = config_;
   const LayerWeights& lw = weights_->layers[l];
   LayerCache& cache = caches_[l];
-  const int64_t T = meta_.num_tokens, H = c.num_heads, hd = c.head_dim;
+  // This rank's heads and output groups (all of them at tensor-parallel size 1).
+  const int64_t T = meta_.num_tokens, H = shard_.heads, hd = c.head_dim, G = shard_.groups;
   const AttnType type = c.layer_types[l];
   const RmsNormParams norm{static_cast<float>(c.rms_norm_eps)};
   RopeParams rope;
@@ -983,9 +618,11 @@ absl::Status Dsv4Model::AttentionBlock(int64_t l, const Tensor& x, Tensor out) {
   RETURN_IF_ERROR(be.Mark(StepMark::kSideEnd));
 
   // The grouped output projection.
-  ASSIGN_OR_RETURN(Tensor grouped, be.Scratch(DType::kF32, Shape{T, c.o_groups * c.o_lora_rank}));
-  RETURN_IF_ERROR(be.GroupedLinear(o.View(Shape{T, H * hd}), lw.o_a_proj, c.o_groups, grouped));
+  ASSIGN_OR_RETURN(Tensor grouped, be.Scratch(DType::kF32, Shape{T, G * c.o_lora_rank}));
+  RETURN_IF_ERROR(be.GroupedLinear(o.View(Shape{T, H * hd}), lw.o_a_proj, G, grouped));
   RETURN_IF_ERROR(be.Linear(grouped, lw.o_b_proj, out));
+  // Each rank's heads give a partial output: the sum is the block's.
+  if (parallel_.distributed()) RETURN_IF_ERROR(be.AllReduceSum(out));
   return be.Mark(StepMark::kSideJoin);
 }
 
@@ -1009,12 +646,19 @@ absl::Status Dsv4Model::MoeBlock(int64_t l, const Tensor& u, Tensor out) {
   rp.top_k = K;
   rp.routed_scale = static_cast<float>(c.routed_scaling_factor);
   rp.hash = c.mlp_types[l] == MlpType::kHashMoe;
+  if (parallel_.distributed()) {  // EP: this rank's experts get local ids, the others -1
+    rp.expert_begin = shard_.expert_begin;
+    rp.local_experts = shard_.experts;
+  }
   ASSIGN_OR_RETURN(Tensor idx, be.Scratch(DType::kI32, Shape{T, K}));
   ASSIGN_OR_RETURN(Tensor weights, be.Scratch(DType::kF32, Shape{T, K}));
   RETURN_IF_ERROR(be.Route(rp, logits, lw.gate_bias, lw.tid2eid, idx, weights));
   RETURN_IF_ERROR(be.Mark(StepMark::kSideJoin));
   // Routed experts plus the shared expert's second half, which a backend may fuse.
-  return be.MoeExperts(u, idx, weights, mw, limit, out);
+  RETURN_IF_ERROR(be.MoeExperts(u, idx, weights, mw, limit, out));
+  // This rank's experts and shared-expert columns give a partial output: the sum is the block's.
+  if (parallel_.distributed()) RETURN_IF_ERROR(be.AllReduceSum(out));
+  return absl::OkStatus();
 }
 
 }  // namespace dsv4

@@ -25,12 +25,13 @@
 #include "absl/status/statusor.h"
 #include "common/cache_config.h"
 #include "common/model_config.h"
+#include "common/tensor_parallel.h"
 #include "worker/model/backend.h"
 #include "worker/checkpoint/safetensors.h"
 
 namespace dsv4 {
 
-class WeightFactory;  // dsv4_model.cc: checkpoint or synthetic weights
+class WeightFactory;  // weight_loading.h: checkpoint, synthetic or census weights
 
 // One sequence's work in a step.
 // What a model takes on its backend, counted before anything is allocated (logged as
@@ -54,6 +55,10 @@ struct LoadOptions {
   bool synthetic_released_formats = false;
   // Called after each layer's weights are in place (done of total layers); may be empty.
   std::function<void(int64_t done, int64_t total)> on_layer = {};
+  // This rank's place in its tensor-parallel group: it loads its slices of the split weights
+  // (common/tensor_parallel.h) and all-reduces the partial outputs of its attention and MoE
+  // blocks through the backend's communicator (Backend::SupportsTensorParallel).
+  ParallelLayout parallel;
 };
 
 struct SequenceStep {
@@ -135,10 +140,11 @@ class Dsv4Model {
   struct LayerCache;
 
   // The memory plan of `config` with `cache` on `backend`; `format_of` says how each matrix is
-  // stored (FP8, MXFP4 or dense).
+  // stored (FP8, MXFP4 or dense); `parallel` which rank's slices are counted.
   static absl::StatusOr<MemoryPlan> PlanMemory(
       const ModelConfig& config, const CacheConfig& cache, const Backend& backend,
-      const std::function<QuantFormat(const std::string&)>& format_of);
+      const std::function<QuantFormat(const std::string&)>& format_of,
+      const ParallelLayout& parallel = {});
 
   // Scratch of the largest step `cache` allows: the tensors carried across layers plus one
   // layer's (a backend that reuses a layer's scratch for the next in large steps, as the CUDA
@@ -156,7 +162,8 @@ class Dsv4Model {
   Dsv4Model() = default;
   static absl::StatusOr<std::unique_ptr<Dsv4Model>> Create(const ModelConfig& config,
                                                            std::unique_ptr<Backend> backend,
-                                                           const CacheConfig& cache);
+                                                           const CacheConfig& cache,
+                                                           const ParallelLayout& parallel);
   absl::Status LoadWeights(WeightFactory* factory,
                            const std::function<void(int64_t, int64_t)>& on_layer);
   absl::Status AllocatePools();
@@ -166,6 +173,8 @@ class Dsv4Model {
 
   ModelConfig config_;
   CacheConfig cache_;
+  ParallelLayout parallel_;
+  TensorShard shard_;  // this rank's heads, groups, experts (all of them at size 1)
   int32_t max_blocks_per_seq_ = 0;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Weights> weights_;
