@@ -5,6 +5,7 @@
 //   generate           generate tokens from prompt ids
 //   bench              CPU prefill/decode throughput of a model
 //   serve              the serving node (gRPC + Prometheus)
+//   worker             one rank of a distributed node (--tensor-parallel-size N)
 //   client             stream one generation from a running node
 //   loadgen            closed-loop load against a running node
 #include <cstdio>
@@ -50,7 +51,7 @@ int main(int argc, char** argv) {
     return false;
   };
   if (argc > 1 && argv[1][0] != '-' && !known(argv[1])) {
-    std::fprintf(stderr, "error: unknown command '%s' (commands: serve, client, loadgen, check-golden, generate, bench; "
+    std::fprintf(stderr, "error: unknown command '%s' (commands: serve, worker, client, loadgen, check-golden, generate, bench; "
                  "see --help)\n", argv[1]);
     return 2;
   }

@@ -85,8 +85,15 @@ absl::Status CpuWorker::Configure(const WorkerConfig& config) {
   if (!config.synthetic && config.model_dir.empty()) {
     return absl::InvalidArgumentError("WorkerConfig.model_dir: no checkpoint and not synthetic");
   }
+  if (config.parallel.distributed() && config.communicator == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "WorkerConfig.communicator: tensor_parallel_size ", config.parallel.world_size,
+        " needs the group's communicator"));
+  }
+  RETURN_IF_ERROR(CheckTensorParallel(config.model, config.parallel.world_size));
   load_.keep_formats = weights.keep_formats;
   load_.synthetic_released_formats = weights.keep_formats;
+  load_.parallel = config.parallel;
   config_ = config;
   life_.Enter(Lifecycle::kConfigured);
   return absl::OkStatus();
@@ -101,7 +108,7 @@ absl::Status CpuWorker::Load(const LoadProgressFn& progress) {
       progress(LoadProgress{"weights", done, total});
     };
   }
-  auto backend = std::make_unique<CpuBackend>();
+  auto backend = std::make_unique<CpuBackend>(config_.communicator);
   if (config_.synthetic) {
     ASSIGN_OR_RETURN(model_, Dsv4Model::LoadSynthetic(config_.model, config_.synthetic_seed,
                                                       std::move(backend), config_.cache, load));

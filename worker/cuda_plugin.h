@@ -16,7 +16,7 @@
 
 namespace dsv4 {
 
-constexpr int kCudaPluginAbi = 7;
+constexpr int kCudaPluginAbi = 8;
 
 enum class Precision { kBF16, kFP32 };
 absl::StatusOr<Precision> ParsePrecision(std::string_view s);

@@ -15,8 +15,11 @@
 #include "common/cache_config.h"
 #include "common/model_config.h"
 #include "common/step_plan.h"
+#include "common/tensor_parallel.h"
 
 namespace dsv4 {
+
+class Communicator;  // parallel/communicator.h
 
 struct WorkerInfo {
   std::string device;       // "cpu", "cuda:0", ...
@@ -58,6 +61,10 @@ struct WorkerConfig {
   ModelConfig model;
   CacheConfig cache;
   CudaGraphOptions graphs;
+  // This worker's rank in its tensor-parallel group and the group's communicator (not owned; it
+  // must outlive the worker). Size 1 needs none.
+  ParallelLayout parallel;
+  Communicator* communicator = nullptr;
 };
 
 // Where Load is: "weights" once per layer (done of total layers), then "pools" once the state

@@ -14,10 +14,14 @@
 #include "absl/strings/str_cat.h"
 #include "common/flag_checks.h"
 #include "common/log.h"
+#include "common/status.h"
 #include "common/model_flags.h"
 #include "node/cli/commands.h"
+#include "control/secret.h"
 #include "node/cli/shutdown_signals.h"
+#include "node/control/remote_worker_group.h"
 #include "node/serving_node.h"
+#include "parallel/rendezvous_store.h"
 
 namespace dsv4::cli {
 namespace {
@@ -86,6 +90,17 @@ class Serve final : public Command {
     app.add_option("--max-concurrent-streams", o_.max_concurrent_streams,
                    "gRPC streams per connection (HTTP/2 SETTINGS); further calls wait on the client")
         ->check(CLI::Range(1, 1 << 20));
+    app.add_option("--tensor-parallel-size", tp_.world_size,
+                   "ranks the model is split over (attention heads and routed experts; "
+                   "architecture.md §2): 1 runs in this process, N > 1 on N worker processes")
+        ->check(CLI::Range(1, 4096));
+    app.add_flag("--external-workers", external_workers_,
+                 "wait for N `dsv4-node worker` ranks to register instead of spawning them");
+    app.add_option("--worker-listen", tp_.listen,
+                   "control-plane address HOST:PORT the worker ranks dial (default: loopback, any port)");
+    app.add_option("--worker-secret-file", worker_secret_file_,
+                   "shared secret the worker ranks must present (required with --external-workers; "
+                   "spawned ranks get a random one)");
     app.add_option("--metrics-max-connections", o_.metrics_max_connections,
                    "open connections to the metrics listener (64 from one address); more are "
                    "closed at once")
@@ -114,6 +129,7 @@ class Serve final : public Command {
     o_.threads = flags_.threads;
     o_.block_size = flags_.block_size;
     o_.force_indexer_scoring = flags_.force_indexer_scoring;
+    if (absl::Status s = UseWorkerGroup(); !s.ok()) return Fail(s);
     o_.repetition_mode = repetition_action_ == "stop"   ? RepetitionMode::kStop
                          : repetition_action_ == "off" ? RepetitionMode::kOff
                                                        : RepetitionMode::kObserve;
@@ -162,8 +178,38 @@ class Serve final : public Command {
     return absl::OkStatus();
   }
 
+  // --tensor-parallel-size N > 1: the engine's worker is a group of N worker processes.
+  absl::Status UseWorkerGroup() {
+    if (tp_.world_size == 1) {
+      if (external_workers_ || !worker_secret_file_.empty()) {
+        return absl::InvalidArgumentError(
+            "--external-workers and --worker-secret-file need --tensor-parallel-size > 1");
+      }
+      return absl::OkStatus();
+    }
+    tp_.spawn = !external_workers_;
+    if (!worker_secret_file_.empty()) {
+      ASSIGN_OR_RETURN(tp_.secret, control::ReadSecretFile(worker_secret_file_, "--worker-secret-file"));
+    } else if (external_workers_) {
+      return absl::InvalidArgumentError("--external-workers needs --worker-secret-file");
+    } else {
+      ASSIGN_OR_RETURN(tp_.secret, NewRendezvousToken());
+    }
+    RemoteGroupOptions group = tp_;
+    o_.worker_factory = [group](const std::string& device) -> absl::StatusOr<std::unique_ptr<Worker>> {
+      RemoteGroupOptions g = group;
+      g.device = device;
+      ASSIGN_OR_RETURN(auto w, RemoteWorkerGroup::Start(g));
+      return std::unique_ptr<Worker>(std::move(w));
+    };
+    return absl::OkStatus();
+  }
+
   ModelFlags flags_;
   NodeOptions o_;
+  RemoteGroupOptions tp_{.world_size = 1};
+  bool external_workers_ = false;
+  std::string worker_secret_file_;
   std::string port_file_;
   std::string repetition_action_ = "observe";
   double drain_timeout_s_ = 30;

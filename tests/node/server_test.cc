@@ -17,6 +17,8 @@
 #include "dsv4/v1/dsv4.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "common/status.h"
+#include "node/control/remote_worker_group.h"
 #include "node/serving_node.h"
 #include "worker/in_process_worker.h"
 #include "tests/testing/checkpoint_writer.h"
@@ -42,6 +44,20 @@ struct CallResult {
 NodeOptions TestOptions() {
   NodeOptions o;
   o.worker_factory = CreateInProcessWorker;
+  // DSV4_TEST_TP=N runs the suite against a node whose model is split over N worker processes
+  // (`dsv4-node worker`, spawned by the coordinator; node/control/remote_worker_group.h).
+  if (const char* tp = std::getenv("DSV4_TEST_TP"); tp != nullptr && std::atoi(tp) > 1) {
+    const int n = std::atoi(tp);
+    o.worker_factory = [n](const std::string& device) -> absl::StatusOr<std::unique_ptr<Worker>> {
+      RemoteGroupOptions g;
+      g.world_size = n;
+      g.device = device;
+      g.secret = "test-secret";
+      g.worker_binary = DSV4_NODE_BINARY;
+      ASSIGN_OR_RETURN(auto w, RemoteWorkerGroup::Start(g));
+      return std::unique_ptr<Worker>(std::move(w));
+    };
+  }
   o.model_dir = testing::TestData("dsv4-tiny");
   o.tokenizer_path = testing::TestData("tok-tiny/tokenizer.json");
   o.listen = "127.0.0.1:0";

@@ -38,6 +38,11 @@ absl::Status CudaWorker::Configure(const WorkerConfig& config) {
   if (!config.synthetic && config.model_dir.empty()) {
     return absl::InvalidArgumentError("WorkerConfig.model_dir: no checkpoint and not synthetic");
   }
+  if (config.parallel.distributed()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "WorkerConfig.parallel: the GPU worker runs tensor_parallel_size 1 only (got ",
+        config.parallel.world_size, "); NCCL and host-staged Gloo ranks are not built yet"));
+  }
   load_.keep_formats = weights.keep_formats;
   load_.synthetic_released_formats = weights.keep_formats;
   CudaGraphOptions graphs = config.graphs;

@@ -258,7 +258,11 @@ absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Load(const ModelConfig& co
   auto factory = CheckpointWeightFactory(&src, m->backend_.get(), options.keep_formats);
   RETURN_IF_ERROR(m->LoadWeights(factory.get(), options.on_layer));
   const auto unused = src.Unused();
-  if (!unused.empty()) {
+  if (!unused.empty() && options.parallel.distributed()) {
+    // Other ranks' slices (their experts) are not this rank's to load.
+    LogInfo("checkpoint_tensors_left_to_other_ranks", {{"count", unused.size()},
+                                                       {"rank", options.parallel.rank}});
+  } else if (!unused.empty()) {
     LogWarning("checkpoint_unused_tensors",
                {{"count", unused.size()},
                 {"first", unused.front()},

@@ -1,10 +1,5 @@
 #include "worker/tools/local_ranks.h"
 
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -13,9 +8,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "common/child_process.h"
 #include "parallel/gloo_communicator.h"
-
-extern char** environ;
 
 namespace dsv4::cli {
 namespace {
@@ -28,36 +22,6 @@ GlooOptions Options(int rank, int world) {
   o.world_size = world;
   o.name = "tp";
   return o;
-}
-
-// Starts `argv` with a pipe on its standard input; writes `line` to it and closes it.
-absl::StatusOr<pid_t> SpawnWithStdin(const std::vector<std::string>& argv, const std::string& line) {
-  int fds[2];
-  if (::pipe(fds) != 0) return absl::InternalError("pipe() failed");
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, fds[0], STDIN_FILENO);
-  posix_spawn_file_actions_addclose(&actions, fds[1]);
-  std::vector<char*> cargv;
-  for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-  cargv.push_back(nullptr);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, cargv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  ::close(fds[0]);
-  if (rc != 0) {
-    ::close(fds[1]);
-    return absl::InternalError(absl::StrCat("posix_spawn failed (errno ", rc, ")"));
-  }
-  const std::string data = line + "\n";
-  const bool ok = ::write(fds[1], data.data(), data.size()) == static_cast<ssize_t>(data.size());
-  ::close(fds[1]);
-  if (!ok) {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
-    return absl::InternalError("could not hand the rendezvous token to a rank");
-  }
-  return pid;
 }
 
 }  // namespace
@@ -76,20 +40,14 @@ absl::StatusOr<std::unique_ptr<LocalRanks>> LocalRanks::Start(int world_size,
   for (int r = 1; r < world_size; ++r) {
     std::vector<std::string> argv = args;
     argv.insert(argv.end(), {"--tp-join", join, "--tp-rank", absl::StrCat(r)});
-    auto pid = SpawnWithStdin(argv, token);
-    if (!pid.ok()) {
-      g->KillAll();
-      return absl::Status(pid.status().code(), absl::StrCat("rank ", r, ": ", pid.status().message()));
+    auto child = ChildProcess::SpawnSelf(argv, token);
+    if (!child.ok()) {
+      return absl::Status(child.status().code(), absl::StrCat("rank ", r, ": ", child.status().message()));
     }
-    g->children_.push_back(*pid);
+    g->children_.push_back(std::move(*child));
   }
   RendezvousEndpoint endpoint{absl::StrCat("127.0.0.1:", g->server_->port()), kGroup, token};
-  auto comm = GlooCommunicator::Connect(Options(0, world_size), endpoint);
-  if (!comm.ok()) {
-    g->KillAll();
-    return comm.status();
-  }
-  g->comm_ = std::move(*comm);
+  ASSIGN_OR_RETURN(g->comm_, GlooCommunicator::Connect(Options(0, world_size), endpoint));
   return g;
 }
 
@@ -116,42 +74,13 @@ absl::Status LocalRanks::Wait(int timeout_s) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
   absl::Status first;
   for (size_t i = 0; i < children_.size(); ++i) {
-    const int rank = static_cast<int>(i) + 1;
-    int status = 0;
-    pid_t done = 0;
-    while ((done = ::waitpid(children_[i], &status, WNOHANG)) == 0 &&
-           std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    if (done == 0) {
-      ::kill(children_[i], SIGKILL);
-      ::waitpid(children_[i], &status, 0);
-      children_[i] = -1;
-      if (first.ok()) {
-        first = absl::DeadlineExceededError(absl::StrCat("rank ", rank, " did not finish within ",
-                                                         timeout_s, " s (killed)"));
-      }
-      continue;
-    }
-    children_[i] = -1;
-    if (first.ok() && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-      first = absl::InternalError(
-          WIFEXITED(status) ? absl::StrCat("rank ", rank, " exited with status ", WEXITSTATUS(status))
-                            : absl::StrCat("rank ", rank, " died of signal ", WTERMSIG(status)));
-    }
+    const auto left = std::max(std::chrono::milliseconds(0),
+                               std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   deadline - std::chrono::steady_clock::now()));
+    absl::Status s = children_[i].Wait(left, absl::StrCat("rank ", i + 1));
+    if (first.ok()) first = s;
   }
   return first;
 }
-
-void LocalRanks::KillAll() {
-  for (pid_t& pid : children_) {
-    if (pid <= 0) continue;
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
-    pid = -1;
-  }
-}
-
-LocalRanks::~LocalRanks() { KillAll(); }
 
 }  // namespace dsv4::cli

@@ -9,13 +9,12 @@
 // under the coordinator's plan.
 #pragma once
 
-#include <sys/types.h>
-
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/child_process.h"
 #include "parallel/communicator.h"
 #include "parallel/rendezvous_service.h"
 #include "parallel/rendezvous_store.h"
@@ -32,7 +31,7 @@ class LocalRanks {
   // ("host:port/group").
   static absl::StatusOr<std::unique_ptr<Communicator>> Join(const std::string& join, int rank,
                                                             int world_size);
-  ~LocalRanks();  // kills children still running
+  // (Children still running when it goes away are killed.)
 
   Communicator& comm() { return *comm_; }
   // Waits up to `timeout_s` for every child; OK when all exited 0, else an error naming the
@@ -41,12 +40,11 @@ class LocalRanks {
 
  private:
   LocalRanks() = default;
-  void KillAll();
 
   RendezvousStore store_;
   std::unique_ptr<RendezvousServer> server_;
   std::unique_ptr<Communicator> comm_;
-  std::vector<pid_t> children_;  // rank r at r - 1; -1 once reaped
+  std::vector<ChildProcess> children_;  // rank r at r - 1
 };
 
 }  // namespace dsv4::cli

@@ -9,6 +9,7 @@ std::vector<CommandSpec> ModelToolCommands() {
        AddCheckGolden},
       {"generate", "generate tokens from prompt token ids", AddGenerate},
       {"bench", "measure CPU prefill and decode throughput", AddBench},
+      {"worker", "run one rank of a distributed node (dials the coordinator)", AddWorker},
   };
 }
 

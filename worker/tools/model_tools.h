@@ -16,6 +16,7 @@ namespace dsv4::cli {
 std::unique_ptr<Command> AddCheckGolden(CLI::App& app);
 std::unique_ptr<Command> AddGenerate(CLI::App& app);
 std::unique_ptr<Command> AddBench(CLI::App& app);
+std::unique_ptr<Command> AddWorker(CLI::App& app);  // worker/remote/worker_command.cc
 
 // check-golden, generate, bench (in that order).
 std::vector<CommandSpec> ModelToolCommands();
