@@ -97,6 +97,13 @@ struct StepResult {
   // otherwise.
   double device_seconds = 0;
   GraphRun graph;
+  // Time in the step's collectives (tensor-parallel all-reduces) on the rank that ran it.
+  double collective_seconds = 0;
+  // A group of worker ranks (node/control/remote_worker_group.h): each rank's own execute and
+  // collective seconds, and the coordinator's part beyond the slowest rank. Empty/0 otherwise.
+  std::vector<double> rank_seconds;
+  std::vector<double> rank_collective_seconds;
+  double control_seconds = 0;
 };
 
 }  // namespace dsv4

@@ -129,6 +129,7 @@ void ToProto(const StepResult& r, bool with_tokens, pb::StepDone* out) {
   out->set_device_seconds(r.device_seconds);
   out->set_graph_mode(static_cast<int32_t>(r.graph.mode));
   out->set_graph_fallback(r.graph.fallback);
+  out->set_collective_seconds(r.collective_seconds);
   if (!with_tokens) return;
   for (const SampledToken& t : r.sampled) {
     pb::SampledToken* p = out->add_sampled();
@@ -152,6 +153,7 @@ StepResult FromProto(const pb::StepDone& d) {
   const int32_t mode = d.graph_mode();
   r.graph.mode = mode >= 0 && mode <= 2 ? static_cast<GraphMode>(mode) : GraphMode::kEager;
   r.graph.fallback = d.graph_fallback();
+  r.collective_seconds = d.collective_seconds();
   for (const pb::SampledToken& p : d.sampled()) {
     SampledToken t;
     t.request_id = p.request_id();

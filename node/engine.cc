@@ -193,7 +193,12 @@ void Engine::Loop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       const bool busy = !scheduler_.idle() || !in_flight_.empty();
-      cv_.wait(lock, [&] { return stop_ || busy || !inbox_.empty() || !aborts_.empty(); });
+      auto ready = [&] { return stop_ || busy || !inbox_.empty() || !aborts_.empty(); };
+      if (reported_broken_) {
+        cv_.wait_for(lock, config_.recover_interval, ready);  // and try to recover meanwhile
+      } else {
+        cv_.wait(lock, ready);
+      }
       inbox.swap(inbox_);
       aborts.swap(aborts_);
       stop = stop_;
@@ -227,6 +232,7 @@ void Engine::Loop() {
       PublishStats();
       return;
     }
+    if (reported_broken_) TendBrokenWorker();
     const bool progressed = (!scheduler_.idle() || !in_flight_.empty()) && RunStep();
     PublishStats();
     if (!progressed && !scheduler_.idle()) {
@@ -348,7 +354,7 @@ void Engine::CollectStep() {
                                       {"padded_tokens", static_cast<int64_t>(plan.padded_tokens)}});
   }
   if (metrics_) {
-    metrics_->worker_up->Set(1);
+    RecordRanks(*result);
     RecordGraphRun(f.graph, result->graph);
   }
   const auto now = Clock::now();
@@ -425,8 +431,54 @@ void Engine::WorkerFailed(uint64_t step, const absl::Status& status) {
            {{"step", static_cast<int64_t>(step)}, {"error", std::string(status.message())}});
   if (metrics_) {
     metrics_->worker_errors->Increment();
-    metrics_->worker_up->Set(0);
+    const std::vector<bool> up = worker_->ranks_up();
+    for (size_t r = 0; r < up.size(); ++r) metrics_->WorkerUp(static_cast<int>(r)).Set(0);
   }
+  TendBrokenWorker();
+}
+
+void Engine::RecordRanks(const StepResult& result) {
+  const std::vector<bool> up = worker_->ranks_up();
+  for (size_t r = 0; r < up.size(); ++r) metrics_->WorkerUp(static_cast<int>(r)).Set(up[r] ? 1 : 0);
+  if (result.rank_seconds.empty()) {
+    metrics_->WorkerStepSeconds(0).Observe(result.execute_seconds);
+    metrics_->WorkerCollectiveSeconds(0).Observe(result.collective_seconds);
+    return;
+  }
+  for (size_t r = 0; r < result.rank_seconds.size(); ++r) {
+    metrics_->WorkerStepSeconds(static_cast<int>(r)).Observe(result.rank_seconds[r]);
+    if (r < result.rank_collective_seconds.size()) {
+      metrics_->WorkerCollectiveSeconds(static_cast<int>(r)).Observe(result.rank_collective_seconds[r]);
+    }
+  }
+  metrics_->control_round_trip->Observe(result.control_seconds);
+}
+
+void Engine::TendBrokenWorker() {
+  if (!worker_->broken()) return;
+  if (!reported_broken_) {
+    reported_broken_ = true;
+    next_recover_ = Clock::now();
+    if (config_.on_worker_health) {
+      config_.on_worker_health(false, absl::UnavailableError("a worker rank was lost"));
+    }
+    return;
+  }
+  // Recovery reloads the model: only between steps, with nothing in flight.
+  if (!in_flight_.empty() || Clock::now() < next_recover_) return;
+  next_recover_ = Clock::now() + config_.recover_interval;
+  const absl::Status s = worker_->Recover();
+  if (!s.ok()) {
+    LogWarning("worker_recover_failed", {{"error", std::string(s.message())}});
+    return;
+  }
+  reported_broken_ = false;
+  LogInfo("worker_recovered", {});
+  if (metrics_) {
+    const std::vector<bool> up = worker_->ranks_up();
+    for (size_t r = 0; r < up.size(); ++r) metrics_->WorkerUp(static_cast<int>(r)).Set(up[r] ? 1 : 0);
+  }
+  if (config_.on_worker_health) config_.on_worker_health(true, absl::OkStatus());
 }
 
 void Engine::DrainInFlight() {

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -71,6 +72,11 @@ struct EngineConfig {
   // CUDA graphs: each step's mode and padding (graph_policy.h), only when the worker runs graphs.
   GraphConfig graphs;
   OverlapMode overlap = OverlapMode::kAuto;
+  // Called on the engine's thread when the worker breaks (a rank lost: false) and once Recover()
+  // brought it back (true): the node's health follows it.
+  std::function<void(bool healthy, const absl::Status& why)> on_worker_health;
+  // How often a broken worker is asked to Recover() while the engine has nothing to run.
+  std::chrono::milliseconds recover_interval{1000};
 };
 
 struct EngineStats {
@@ -157,6 +163,10 @@ class Engine {
   void WorkerFailed(uint64_t step, const absl::Status& status);
   // Launches a planned step; false when the worker refused it (its requests are failed).
   bool LaunchStep(StepPlan plan, Clock::time_point t0);
+  // A broken worker: reports it once, then tries Recover() every recover_interval.
+  void TendBrokenWorker();
+  // Per-rank metrics of a collected step.
+  void RecordRanks(const StepResult& result);
   // Collects the oldest launched step and streams its tokens.
   void CollectStep();
   // Drains the worker: every launched step is collected and its result dropped (stop, or after a
@@ -200,6 +210,8 @@ class Engine {
   bool stop_ = false;
   EngineStats stats_;
   std::thread thread_;
+  bool reported_broken_ = false;
+  Clock::time_point next_recover_{};
   std::once_flag worker_shutdown_;
 };
 

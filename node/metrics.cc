@@ -82,11 +82,29 @@ NodeMetrics::NodeMetrics(std::shared_ptr<prometheus::Registry> registry)
   kv_usage = gauge("dsv4_kv_cache_usage_ratio", "Fraction of KV context blocks in use");
   ready = gauge("dsv4_node_ready", "1 once the model is loaded and warmed up and the node is not "
                                    "draining");
-  auto& up = BuildGauge()
-                 .Name("dsv4_worker_up")
-                 .Help("1 while the worker answers steps, 0 after a failure")
-                 .Register(reg);
-  worker_up = &up.Add({{"worker", "0"}});
+  worker_up_family_ = &BuildGauge()
+                           .Name("dsv4_worker_up")
+                           .Help("1 while the worker rank answers steps, 0 after a failure or "
+                                 "once its process is lost")
+                           .Register(reg);
+  WorkerUp(0).Set(1);
+  worker_step_family_ = &BuildHistogram()
+                             .Name("dsv4_worker_step_seconds")
+                             .Help("Step time as each worker rank measured it")
+                             .Register(reg);
+  worker_collective_family_ = &BuildHistogram()
+                                   .Name("dsv4_worker_collective_seconds")
+                                   .Help("Time a worker rank spent in the step's collectives "
+                                         "(all-reduces; 0 at tensor-parallel size 1)")
+                                   .Register(reg);
+  control_round_trip = &BuildHistogram()
+                            .Name("dsv4_control_plane_round_trip_seconds")
+                            .Help("The coordinator's part of a step beyond the slowest worker "
+                                  "rank: encoding, sending to every rank, acknowledgements")
+                            .Register(reg)
+                            .Add({}, Histogram::BucketBoundaries{1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4,
+                                                                 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2,
+                                                                 2.5e-2, 0.1});
   auto& replays = BuildCounter()
                       .Name("dsv4_cudagraph_replays_total")
                       .Help("CUDA graph replays by mode (full decode graphs, piecewise segments)")
@@ -133,6 +151,18 @@ prometheus::Counter& NodeMetrics::Rejected(const std::string& reason) {
 prometheus::Histogram& NodeMetrics::StepDuration(const char* graph_mode) {
   const std::string m = graph_mode;
   return *step_duration_[m == "full" ? 2 : m == "piecewise" ? 1 : 0];
+}
+
+prometheus::Gauge& NodeMetrics::WorkerUp(int rank) {
+  return worker_up_family_->Add({{"rank", absl::StrCat(rank)}});
+}
+
+prometheus::Histogram& NodeMetrics::WorkerStepSeconds(int rank) {
+  return worker_step_family_->Add({{"rank", absl::StrCat(rank)}}, LatencyBuckets());
+}
+
+prometheus::Histogram& NodeMetrics::WorkerCollectiveSeconds(int rank) {
+  return worker_collective_family_->Add({{"rank", absl::StrCat(rank)}}, LatencyBuckets());
 }
 
 }  // namespace dsv4

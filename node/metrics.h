@@ -48,7 +48,13 @@ class NodeMetrics {
   prometheus::Gauge* waiting;
   prometheus::Gauge* kv_usage;
   prometheus::Gauge* ready;
-  prometheus::Gauge* worker_up;
+  // Per worker rank (one rank "0" for an in-process worker): up, step time, collective time.
+  prometheus::Gauge& WorkerUp(int rank);
+  prometheus::Histogram& WorkerStepSeconds(int rank);
+  prometheus::Histogram& WorkerCollectiveSeconds(int rank);
+  // Remote workers: the coordinator's part of a step beyond the slowest rank (encode, send,
+  // acknowledgements).
+  prometheus::Histogram* control_round_trip;
   // CUDA graphs (the GPU worker; zero on the CPU worker, which runs every step eagerly).
   prometheus::Counter* graph_replays_full;
   prometheus::Counter* graph_replays_piecewise;
@@ -64,6 +70,9 @@ class NodeMetrics {
   prometheus::Family<prometheus::Counter>* rejected_family_;
   prometheus::Family<prometheus::Histogram>* step_family_;
   std::array<prometheus::Histogram*, 3> step_duration_{};
+  prometheus::Family<prometheus::Gauge>* worker_up_family_;
+  prometheus::Family<prometheus::Histogram>* worker_step_family_;
+  prometheus::Family<prometheus::Histogram>* worker_collective_family_;
 };
 
 }  // namespace dsv4

@@ -214,6 +214,16 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
   ec.force_indexer_scoring = o.force_indexer_scoring;
   ec.graphs = graphs;
   ec.overlap = overlap;
+  // A lost worker rank takes the node out of service (grpc.health.v1 NOT_SERVING) until the
+  // worker recovers; a drain keeps it out.
+  ServingNode* self = n.get();
+  ec.on_worker_health = [self](bool healthy, const absl::Status& why) {
+    const bool serving = healthy && !self->engine_->draining();
+    LogEvent(healthy ? LogLevel::kInfo : LogLevel::kError, healthy ? "worker_healthy" : "worker_unhealthy",
+             {{"detail", healthy ? std::string("serving again") : std::string(why.message())}});
+    if (self->grpc_) self->grpc_->SetServing(serving);
+    if (self->metrics_) self->metrics_->ready->Set(serving ? 1 : 0);
+  };
   // worker_graphs=false (the CPU worker) means every step runs eagerly whatever the mode says.
   LogInfo("cuda_graphs", {{"mode", CudaGraphModeName(graphs.mode)},
                           {"enforce_eager", o.enforce_eager},

@@ -165,6 +165,9 @@ absl::StatusOr<StepResult> CpuWorker::Execute(const StepPlan& plan) {
   }
   result.execute_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (auto* cpu = dynamic_cast<CpuBackend*>(&model_->backend())) {
+    result.collective_seconds = cpu->TakeCollectiveSeconds();
+  }
   return result;
 }
 

@@ -124,6 +124,16 @@ class Worker {
   virtual absl::Status Drain();
   virtual void Shutdown() {}
 
+  // A worker of several ranks can break (a rank lost): every step fails until Recover() brings
+  // it back (respawned or re-registered ranks, the model loaded again). In-process workers never
+  // break this way.
+  virtual bool broken() const { return false; }
+  virtual absl::Status Recover() {
+    return absl::UnimplementedError("this worker cannot recover from a lost rank");
+  }
+  // Liveness of each rank, rank order (one entry for an in-process worker).
+  virtual std::vector<bool> ranks_up() const { return {!broken()}; }
+
  private:
   std::deque<StepResult> queued_;
   std::map<uint64_t, int32_t> last_sampled_;  // request -> token, of the last launched step

@@ -78,6 +78,9 @@ class ControlPlane {
       std::chrono::milliseconds timeout);
   // Registrations refused so far, as "rank R: reason" (tests and logs).
   std::vector<std::string> refusals() const;
+  // Takes a rank's link out of the table now (its stream may still be closing), so that the rank
+  // can register again.
+  void Forget(const RankLink* link) { Remove(link); }
   void Shutdown();
 
  private:

@@ -26,18 +26,7 @@ absl::StatusOr<std::unique_ptr<RemoteWorkerGroup>> RemoteWorkerGroup::Start(
   LogInfo("control_plane_listening", {{"port", g->plane_->port()},
                                       {"world_size", o.world_size},
                                       {"workers", o.spawn ? "spawned" : "external"}});
-  if (o.spawn) {
-    const std::string coordinator = absl::StrCat("127.0.0.1:", g->plane_->port());
-    for (int r = 0; r < o.world_size; ++r) {
-      ASSIGN_OR_RETURN(ChildProcess child,
-                       ChildProcess::SpawnSelf({"dsv4-node", "worker", "--coordinator", coordinator,
-                                                "--rank", absl::StrCat(r), "--world-size",
-                                                absl::StrCat(o.world_size), "--device", o.device,
-                                                "--secret-stdin"},
-                                               o.secret, o.worker_binary));
-      g->children_.push_back(std::move(child));
-    }
-  }
+  if (o.spawn) RETURN_IF_ERROR(g->SpawnRanks());
   ASSIGN_OR_RETURN(g->links_, g->plane_->WaitForRanks(o.register_timeout));
   g->info_.device = absl::StrCat(g->links_[0]->registration().device(), " x", o.world_size);
   g->info_.cuda_graphs = false;
@@ -47,6 +36,52 @@ absl::StatusOr<std::unique_ptr<RemoteWorkerGroup>> RemoteWorkerGroup::Start(
 }
 
 RemoteWorkerGroup::~RemoteWorkerGroup() { Shutdown(); }
+
+absl::Status RemoteWorkerGroup::SpawnRanks() {
+  const std::string coordinator = absl::StrCat("127.0.0.1:", plane_->port());
+  children_.clear();  // kills any left
+  for (int r = 0; r < options_.world_size; ++r) {
+    ASSIGN_OR_RETURN(ChildProcess child,
+                     ChildProcess::SpawnSelf({"dsv4-node", "worker", "--coordinator", coordinator,
+                                              "--rank", absl::StrCat(r), "--world-size",
+                                              absl::StrCat(options_.world_size), "--device",
+                                              options_.device, "--secret-stdin"},
+                                             options_.secret, options_.worker_binary));
+    children_.push_back(std::move(child));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<bool> RemoteWorkerGroup::ranks_up() const {
+  std::vector<bool> up;
+  for (const auto& link : links_) up.push_back(broken_.ok() && link->alive());
+  return up;
+}
+
+absl::Status RemoteWorkerGroup::Recover() {
+  if (broken_.ok()) return absl::OkStatus();
+  if (stage_ < 3) return broken_;  // it never served: nothing to come back to
+  for (auto& link : links_) {
+    link->Close("the group is re-forming");
+    plane_->Forget(link.get());
+  }
+  if (options_.spawn) {
+    // The survivors exit when their streams close; whoever is left is killed.
+    for (size_t r = 0; r < children_.size(); ++r) {
+      (void)children_[r].Wait(std::chrono::seconds(5), absl::StrCat("worker rank ", r));
+    }
+    RETURN_IF_ERROR(SpawnRanks());
+  }
+  ASSIGN_OR_RETURN(links_, plane_->WaitForRanks(options_.register_timeout));
+  broken_ = absl::OkStatus();
+  announced_.clear();
+  stage_ = 0;
+  RETURN_IF_ERROR(Configure(config_));
+  RETURN_IF_ERROR(Load({}));
+  RETURN_IF_ERROR(WarmUp());
+  LogInfo("worker_group_recovered", {{"generation", generation_}});
+  return absl::OkStatus();
+}
 
 std::vector<pid_t> RemoteWorkerGroup::rank_pids() {
   std::vector<pid_t> pids;
@@ -120,10 +155,11 @@ absl::Status RemoteWorkerGroup::Collect(cpb::WorkerMessage::KindCase want,
 
 absl::Status RemoteWorkerGroup::Configure(const WorkerConfig& wc) {
   RETURN_IF_ERROR(Stage("Configure", 0));
+  config_ = wc;
   const std::string config_path = wc.synthetic ? wc.source : wc.model_dir + "/config.json";
   ASSIGN_OR_RETURN(std::string config_json, ReadFileToString(config_path, 16 << 20));
   ASSIGN_OR_RETURN(std::string token, NewRendezvousToken());
-  const std::string group = "tp";
+  const std::string group = absl::StrCat("tp-", ++generation_);
   RETURN_IF_ERROR(plane_->rendezvous().OpenGroup(group, options_.world_size, token));
   for (int r = 0; r < options_.world_size; ++r) {
     cpb::CoordinatorMessage m;
@@ -205,6 +241,7 @@ absl::StatusOr<StepResult> RemoteWorkerGroup::Execute(const StepPlan& plan) {
   RETURN_IF_ERROR(Broadcast(m, cpb::WorkerMessage::kStepDone, options_.step_timeout, {}, &replies));
   StepResult result = control::FromProto(replies[0].step_done());
   rank_seconds_.clear();
+  result.rank_collective_seconds.clear();
   double slowest = 0;
   for (const auto& r : replies) {
     if (r.step_done().step_id() != plan.step_id) {
@@ -213,11 +250,14 @@ absl::StatusOr<StepResult> RemoteWorkerGroup::Execute(const StepPlan& plan) {
                                                     plan.step_id)));
     }
     rank_seconds_.push_back(r.step_done().execute_seconds());
+    result.rank_collective_seconds.push_back(r.step_done().collective_seconds());
     slowest = std::max(slowest, r.step_done().execute_seconds());
   }
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   overhead_seconds_ = std::max(0.0, wall - slowest);
   result.execute_seconds = wall;
+  result.rank_seconds = rank_seconds_;
+  result.control_seconds = overhead_seconds_;
   return result;
 }
 

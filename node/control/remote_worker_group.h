@@ -50,6 +50,12 @@ class RemoteWorkerGroup final : public Worker {
   absl::Status WarmUp() override;
   absl::StatusOr<StepResult> Execute(const StepPlan& plan) override;
   void Shutdown() override;
+  bool broken() const override { return !broken_.ok(); }
+  // Spawned ranks: all of them are started again; external ones: waits (up to register_timeout)
+  // for every rank to register again. Then the saved configuration is replayed (Configure on a
+  // new rendezvous group, Load, WarmUp).
+  absl::Status Recover() override;
+  std::vector<bool> ranks_up() const override;
 
   int control_port() const { return plane_->port(); }
   // The spawned ranks' process ids (rank order; empty for external workers).
@@ -60,7 +66,12 @@ class RemoteWorkerGroup final : public Worker {
   double last_overhead_seconds() const { return overhead_seconds_; }
 
  private:
+  absl::Status SpawnRanks();
+  absl::Status ConfigureRanks();
+
   RemoteGroupOptions options_;
+  WorkerConfig config_;    // replayed by Recover()
+  int generation_ = 0;     // rendezvous group "tp-<generation>"
   std::unique_ptr<ControlPlane> plane_;
   std::vector<ChildProcess> children_;
   std::vector<std::shared_ptr<RankLink>> links_;

@@ -1,6 +1,7 @@
 #include "worker/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <thread>
 
@@ -403,7 +404,11 @@ absl::Status CpuBackend::SupportsTensorParallel(const ParallelLayout& layout) co
 absl::Status CpuBackend::AllReduceSum(Tensor x) {
   if (comm_ == nullptr) return Backend::AllReduceSum(x);
   RETURN_IF_ERROR(Check(x.dtype == DType::kF32 && x.data != nullptr, "AllReduceSum", "f32 tensor"));
-  return comm_->AllReduceSum(x.data, x.data, static_cast<size_t>(x.numel()), DType::kF32, nullptr);
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status s =
+      comm_->AllReduceSum(x.data, x.data, static_cast<size_t>(x.numel()), DType::kF32, nullptr);
+  collective_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return s;
 }
 
 }  // namespace dsv4

@@ -60,6 +60,12 @@ class CpuBackend : public Backend {
   absl::Status SupportsTensorParallel(const ParallelLayout& layout) const override;
   absl::Status AllReduceSum(Tensor x) override;
 
+  // Seconds spent in AllReduceSum since the last call.
+  double TakeCollectiveSeconds() {
+    const double s = collective_seconds_;
+    collective_seconds_ = 0;
+    return s;
+  }
   // Bytes held by weights and pools.
   size_t persistent_bytes() const { return persistent_bytes_; }
 
@@ -76,6 +82,7 @@ class CpuBackend : public Backend {
   size_t scratch_offset_ = 0;       // bump offset inside it
   size_t persistent_bytes_ = 0;
   Communicator* comm_ = nullptr;
+  double collective_seconds_ = 0;
   const StepMeta* meta_ = nullptr;
   RaggedBatchView view_;
 };
