@@ -107,7 +107,7 @@ class Agent {
       comm_ = std::move(comm);
       wc.communicator = comm_.get();
     }
-    ASSIGN_OR_RETURN(worker_, CreateInProcessWorker(o_.device));
+    ASSIGN_OR_RETURN(worker_, o_.factory ? o_.factory(o_.device) : CreateInProcessWorker(o_.device));
     RETURN_IF_ERROR(worker_->Configure(wc));
     LogInfo("worker_configured", {{"rank", o_.rank}, {"world_size", o_.world_size},
                                   {"model", model.Summary()}});

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "worker/worker.h"
 
 namespace dsv4 {
 
@@ -23,6 +24,7 @@ struct WorkerAgentOptions {
   std::string data_plane_host = "127.0.0.1";
   std::chrono::milliseconds connect_timeout{30000};
   std::string build_version;  // empty: this build's (tests set another to be refused)
+  WorkerFactory factory;      // empty: the in-process worker (CreateInProcessWorker)
 };
 
 // Runs the rank until the coordinator says Shutdown (OK) or the stream ends or is refused (an
