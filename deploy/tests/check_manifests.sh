@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # yamllint over deploy/, kustomize rendering of every root, offline schema and cross-resource
 # validation of the rendered manifests, and negative cases that must be rejected.
-#   check_manifests.sh SOURCE_DIR
+# With the binary, every flag the pod templates pass must be one the binary accepts.
+#   check_manifests.sh SOURCE_DIR [DSV4_NODE_BINARY]
 set -euo pipefail
 SRC=$1
+BIN=${2:-}
 . "$SRC/deploy/tests/lib.sh"
 need yamllint
 need node
@@ -32,3 +34,14 @@ for bad in "$SRC"/deploy/validate/testdata/bad-*.yaml; do
   fi
   echo "rejected as expected: $(basename "$bad"): $(grep -m1 FAIL "$TMP/out")"
 done
+if [ -n "$BIN" ]; then
+  node "$SRC/deploy/validate/flags.mjs" "$SRC"/deploy/k8s/overlays/*/*.yaml > "$TMP/flags"
+  while read -r cmd flag; do
+    if [ "$cmd" = "-" ]; then "$BIN" --help > "$TMP/help" 2>&1 || true
+    else "$BIN" "$cmd" --help > "$TMP/help" 2>&1 || true; fi
+    if ! grep -q -- "$flag" "$TMP/help"; then
+      echo "FAIL: the manifests pass '$flag' to '$cmd', which dsv4-node does not accept"; exit 1
+    fi
+  done < "$TMP/flags"
+  echo "flags: $(wc -l < "$TMP/flags") manifest flags accepted by $BIN"
+fi
