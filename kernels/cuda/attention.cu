@@ -52,7 +52,9 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(AttentionDims s, Rag
                                                             int64_t split_len, float* part) {
   PdlTrigger();
   PdlWait();
-  constexpr int kThreadsPerHead = kThreads / kHeads;         // 16 .. 128
+  // Blocks of 1 or 2 heads (a tensor-parallel rank's share of a few heads) run 32 threads a head.
+  constexpr int kNT = kHeads >= 4 ? kThreads : kHeads * 32;
+  constexpr int kThreadsPerHead = kNT / kHeads;              // 16 .. 32
   constexpr int kSplit = kThreadsPerHead / kChunk;           // threads per (head, key) score
   constexpr int kDimsPerThread = kDim / kThreadsPerHead;     // output dims per thread
   constexpr int kStride = kDim + 1;                          // padded smem row
@@ -114,7 +116,7 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(AttentionDims s, Rag
   const int64_t k_begin = static_cast<int64_t>(blockIdx.z) * split_len;
   const int64_t k_end = total < k_begin + split_len ? total : k_begin + split_len;
 
-  for (int64_t i = tid; i < kHeads * kDim; i += kThreads) {
+  for (int64_t i = tid; i < kHeads * kDim; i += kNT) {
     sq[i] = q[(static_cast<int64_t>(t) * s.heads + h0) * kDim + i];
   }
   float acc[kDimsPerThread];
@@ -130,7 +132,7 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(AttentionDims s, Rag
     __syncthreads();
     if (tid < n) s_key[tid] = keys.Key(base + tid);
     __syncthreads();
-    for (int i = tid; i < n * (kDim / 4); i += kThreads) {
+    for (int i = tid; i < n * (kDim / 4); i += kNT) {
       const int j = i / (kDim / 4), d4 = i % (kDim / 4);
       const float4 v = *reinterpret_cast<const float4*>(s_key[j] + d4 * 4);
       float* dst = sk + j * kStride + d4 * 4;
@@ -324,7 +326,8 @@ absl::Status Launch(const AttentionDims& s, const RaggedBatchView& b, const floa
   const int64_t split_len = splits > 1 ? SplitLen(s, splits) : (int64_t{1} << 40);
   const dim3 grid(static_cast<unsigned>(b.num_tokens), static_cast<unsigned>(s.heads / kHeads),
                   static_cast<unsigned>(splits));
-  CUDA_RETURN_IF_ERROR(LaunchPdl(kernel, grid, dim3(kThreads), smem, stream, s, b, q, kv, ring,
+  constexpr int kNT = kHeads >= 4 ? kThreads : kHeads * 32;  // as in the kernel
+  CUDA_RETURN_IF_ERROR(LaunchPdl(kernel, grid, dim3(kNT), smem, stream, s, b, q, kv, ring,
                                  entries, selected, sinks, out, split_len,
                                  splits > 1 ? workspace : nullptr));
   CUDA_RETURN_IF_LAUNCH_ERROR();
@@ -814,13 +817,18 @@ absl::Status LaunchTc(const AttentionDims& s, const RaggedBatchView& b, const fl
 
 }  // namespace
 
+// Heads a SIMT block takes: 8 or 4 (128 threads), else 2 or 1 (32 threads a head).
+int HeadsPerBlock(int64_t heads) {
+  return heads % 8 == 0 ? 8 : heads % 4 == 0 ? 4 : heads % 2 == 0 ? 2 : 1;
+}
+
 bool AttentionUsesTensorCores(const AttentionDims& s) {
   return s.bf16_tensor_cores && s.heads % 16 == 0 && (s.dim == 128 || s.dim == 256 || s.dim == 512);
 }
 
 int AttentionSplits(const AttentionDims& s, int64_t tokens) {
   if (AttentionUsesTensorCores(s)) return TcSplits(s, tokens);
-  const int heads_per_block = s.heads % 8 == 0 ? 8 : 4;
+  const int heads_per_block = HeadsPerBlock(s.heads);
   const int64_t blocks = tokens * (s.heads / heads_per_block);
   if (s.max_keys <= 2 * kChunk || blocks >= kTargetBlocks) return 1;
   const int64_t by_blocks = (kTargetBlocks + blocks - 1) / blocks;
@@ -841,11 +849,8 @@ absl::Status Attention(const AttentionDims& s, const RaggedBatchView& b, const f
   if (AttentionSplits(s, b.num_tokens) > 1 && workspace == nullptr) {
     return absl::InvalidArgumentError("attention: split-KV needs a workspace");
   }
-  const int heads_per_block = s.heads % 8 == 0 ? 8 : s.heads % 4 == 0 ? 4 : 0;
-  if (heads_per_block == 0) {
-    return absl::UnimplementedError(
-        absl::StrCat("attention: num_attention_heads = ", s.heads, " must be a multiple of 4"));
-  }
+  const int heads_per_block = HeadsPerBlock(s.heads);
+  if (s.heads < 1) return absl::InvalidArgumentError("attention: no heads");
   if (AttentionUsesTensorCores(s)) {
 #define DSV4_ATTN_TC(D)                                                                           \
   if (s.dim == D) {                                                                               \
@@ -862,9 +867,12 @@ absl::Status Attention(const AttentionDims& s, const RaggedBatchView& b, const f
   }
 #define DSV4_ATTN_DIM(D)                                                                          \
   if (s.dim == D) {                                                                               \
-    return heads_per_block == 8                                                                   \
-               ? Launch<8, D>(s, b, q, kv, ring, entries, selected, sinks, out, workspace, stream)          \
-               : Launch<4, D>(s, b, q, kv, ring, entries, selected, sinks, out, workspace, stream);         \
+    switch (heads_per_block) {                                                                    \
+      case 8: return Launch<8, D>(s, b, q, kv, ring, entries, selected, sinks, out, workspace, stream); \
+      case 4: return Launch<4, D>(s, b, q, kv, ring, entries, selected, sinks, out, workspace, stream); \
+      case 2: return Launch<2, D>(s, b, q, kv, ring, entries, selected, sinks, out, workspace, stream); \
+      default: return Launch<1, D>(s, b, q, kv, ring, entries, selected, sinks, out, workspace, stream); \
+    }                                                                                             \
   }
   DSV4_ATTN_DIM(64)
   DSV4_ATTN_DIM(128)

@@ -282,6 +282,30 @@ size_t Layout(const ExpertsDims& d, void* base, MoeWorkspace* w) {
 
 }  // namespace
 
+__global__ void LocalizeExpertsKernel(int32_t* idx, float* weights, int64_t n, int64_t begin,
+                                      int64_t count) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int64_t local = idx[i] - begin;
+  if (local >= 0 && local < count) {
+    idx[i] = static_cast<int32_t>(local);
+  } else {
+    idx[i] = 0;
+    weights[i] = 0.0f;
+  }
+}
+
+absl::Status LocalizeExperts(int32_t* idx, float* weights, int64_t n, int64_t begin, int64_t count,
+                             cudaStream_t stream) {
+  if (n == 0) return absl::OkStatus();
+  if (count < 1) return absl::InvalidArgumentError("LocalizeExperts: no local experts");
+  const int threads = 256;
+  LocalizeExpertsKernel<<<static_cast<unsigned>((n + threads - 1) / threads), threads, 0, stream>>>(
+      idx, weights, n, begin, count);
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
 absl::Status Route(const RouterDims& d, const float* logits, const float* bias,
                    const int32_t* tid2eid, const int32_t* token_ids, int32_t* idx, float* weights,
                    cudaStream_t stream) {

@@ -23,6 +23,12 @@ absl::Status Route(const RouterDims& d, const float* logits, const float* bias,
                    const int32_t* tid2eid, const int32_t* token_ids, int32_t* idx, float* weights,
                    cudaStream_t stream);
 
+// Expert parallelism: idx [n] holds global expert ids; those in [begin, begin + count) become
+// local ids (id - begin), every other one local expert 0 with its weight set to 0 (an exact zero
+// contribution: the expert kernels take every id in range).
+absl::Status LocalizeExperts(int32_t* idx, float* weights, int64_t n, int64_t begin, int64_t count,
+                             cudaStream_t stream);
+
 // h[M, I] = silu(min(gu[:, :I], L)) * clamp(gu[:, I:], -L, L)
 absl::Status SwiGlu(const float* gate_up, int64_t rows, int64_t inter, float limit, float* h,
                     cudaStream_t stream);

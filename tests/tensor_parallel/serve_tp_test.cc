@@ -154,6 +154,8 @@ TEST(ServeTp, KilledRankEndsItsRequestsUnavailableAndTheNodeServesAgain) {
   }
   t.join();
   const double ended_s = std::chrono::duration<double>(Clock::now() - killed_at).count();
+  std::printf("the killed rank's request ended %.3f s after the kill (%zu tokens)\n", ended_s,
+              during.tokens.size());
   EXPECT_FALSE(during.status.ok() && during.error_code == 0) << "the request outlived its rank";
   EXPECT_TRUE(during.status.error_code() == grpc::StatusCode::UNAVAILABLE ||
               during.error_code == static_cast<int>(grpc::StatusCode::UNAVAILABLE))
@@ -191,6 +193,8 @@ TEST(ServeTp, WorkersExitWhenTheCoordinatorDies) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_TRUE(Gone(ranks[0]) && Gone(ranks[1])) << "worker ranks outlived their coordinator by 10 s";
+  std::printf("the ranks exited %.3f s after their coordinator\n",
+              std::chrono::duration<double>(Clock::now() - t0).count());
 }
 
 // A worker that does not belong is refused with an error that says why, and the node forms from

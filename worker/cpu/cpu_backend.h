@@ -11,8 +11,6 @@
 
 namespace dsv4 {
 
-class Communicator;  // parallel/communicator.h
-
 class CpuBackend : public Backend {
  public:
   // `comm` (not owned; may be null): the tensor-parallel group this rank belongs to, a host
@@ -59,6 +57,10 @@ class CpuBackend : public Backend {
   absl::Status SwiGlu(const Tensor& gate_up, float limit, Tensor h) override;
   absl::Status SupportsTensorParallel(const ParallelLayout& layout) const override;
   absl::Status AllReduceSum(Tensor x) override;
+  absl::Status AttachCommunicator(Communicator* comm) override {
+    comm_ = comm;
+    return absl::OkStatus();
+  }
 
   // Seconds spent in AllReduceSum since the last call.
   double TakeCollectiveSeconds() {

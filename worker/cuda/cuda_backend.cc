@@ -1,5 +1,9 @@
 #include "worker/cuda/cuda_backend.h"
 
+#include <chrono>
+
+#include "parallel/communicator.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -328,7 +332,7 @@ absl::StatusOr<Tensor> CudaBackend::CreateSyntheticQuantized(const SyntheticSpec
   return t;
 }
 
-// The shapes the compiled kernels take (kernels/cuda/*): attention heads in groups of 4 and head
+// The shapes the compiled kernels take (kernels/cuda/*): any number of attention heads, head
 // dims 64/128/256/512, indexer heads 4..64 (powers of two) with dims in multiples of 4, mHC
 // streams 1..8, up to 1024 experts and top-16, widths in multiples of 8 (32 for MXFP4 experts).
 absl::Status CudaBackend::Supports(const ModelConfig& c) const {
@@ -337,7 +341,6 @@ absl::Status CudaBackend::Supports(const ModelConfig& c) const {
                                                  " is not supported by the CUDA backend (",
                                                  supported, ")"));
   };
-  if (c.num_heads % 4 != 0) return no("num_attention_heads", c.num_heads, "multiples of 4");
   if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256 && c.head_dim != 512) {
     return no("head_dim", c.head_dim, "64, 128, 256 or 512");
   }
@@ -1267,10 +1270,61 @@ absl::Status CudaBackend::Route(const RouterParams& p, const Tensor& logits, con
   d.experts = logits.dim(1);
   d.top_k = p.top_k;
   d.routed_scale = p.routed_scale;
-  return Launch(kBenchRoute, [&] {
+  RETURN_IF_ERROR(Launch(kBenchRoute, [&] {
     return cuda::Route(d, logits.ptr<float>(), F(bias), p.hash ? I(tid2eid) : nullptr,
                        view_.token_ids, idx.ptr<int32_t>(), weights.ptr<float>(), cur_stream());
-  });
+  }));
+  if (p.local_experts == 0) return absl::OkStatus();
+  // Expert parallelism: other ranks' experts become weight-0 assignments of local expert 0.
+  return cuda::LocalizeExperts(idx.ptr<int32_t>(), weights.ptr<float>(), idx.numel(),
+                               p.expert_begin, p.local_experts, cur_stream());
+}
+
+absl::Status CudaBackend::AttachCommunicator(Communicator* comm) {
+  comm_ = comm;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::SupportsTensorParallel(const ParallelLayout& layout) const {
+  if (comm_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "tensor_parallel_size ", layout.world_size, " on a cuda backend without a communicator"));
+  }
+  if (comm_->rank() != layout.rank || comm_->world_size() != layout.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the cuda backend's communicator is rank ", comm_->rank(), " of ", comm_->world_size(),
+        "; the model is rank ", layout.rank, " of ", layout.world_size));
+  }
+  if (comm_->memory_space() != MemorySpace::kHost) {
+    return absl::UnimplementedError("the cuda backend runs host communicators (Gloo) only so far");
+  }
+  return absl::OkStatus();
+}
+
+// Host-staged (a Gloo communicator): the partial sums go to pinned host memory, are all-reduced
+// there and come back. Eager steps only: a graph cannot hold a host collective.
+absl::Status CudaBackend::AllReduceSum(Tensor x) {
+  if (comm_ == nullptr) return Backend::AllReduceSum(x);
+  ASSIGN_OR_RETURN(const bool capturing, Capturing());
+  if (capturing || skip()) {
+    return absl::FailedPreconditionError(
+        "AllReduceSum: a host-staged (Gloo) all-reduce cannot run inside a CUDA graph");
+  }
+  if (x.dtype != DType::kF32) return absl::InvalidArgumentError("AllReduceSum: f32 tensors only");
+  const size_t bytes = static_cast<size_t>(x.numel()) * 4;
+  if (collective_host_.bytes() < bytes) {
+    ASSIGN_OR_RETURN(collective_host_, AllocPinned(bytes));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  cudaStream_t st = cur_stream();
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(collective_host_.get(), x.data, bytes, cudaMemcpyDeviceToHost, st));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(st));
+  RETURN_IF_ERROR(comm_->AllReduceSum(collective_host_.get(), collective_host_.get(),
+                                      static_cast<size_t>(x.numel()), DType::kF32, nullptr));
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(x.data, collective_host_.get(), bytes, cudaMemcpyHostToDevice, st));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(st));
+  collective_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::MoeExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,

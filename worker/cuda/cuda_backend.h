@@ -68,6 +68,15 @@ class CudaBackend final : public Backend {
   absl::StatusOr<Tensor> CreatePool(DType dtype, Shape shape) override;
   absl::StatusOr<uint64_t> FreeMemoryBytes() const override;
   absl::Status Supports(const ModelConfig& config) const override;
+  // Tensor parallelism over a host communicator (Gloo, host-staged, eager steps only).
+  absl::Status AttachCommunicator(Communicator* comm) override;
+  absl::Status SupportsTensorParallel(const ParallelLayout& layout) const override;
+  absl::Status AllReduceSum(Tensor x) override;
+  double TakeCollectiveSeconds() {
+    const double s = collective_seconds_;
+    collective_seconds_ = 0;
+    return s;
+  }
   int DenseMatrixBytes() const override { return options_.matrix_dtype == DType::kBF16 ? 2 : 4; }
   bool KeepsQuantizedMatrices() const override { return true; }
   absl::StatusOr<Tensor> Scratch(DType dtype, Shape shape) override;
@@ -261,6 +270,9 @@ class CudaBackend final : public Backend {
   const void* payload_dev_ = nullptr;
   uint64_t meta_generation_ = 0;  // bumped when meta_dev_ moves
   PinnedBuffer meta_host_;
+  Communicator* comm_ = nullptr;  // not owned
+  PinnedBuffer collective_host_;  // the host-staged all-reduce's buffer
+  double collective_seconds_ = 0;
   RaggedBatchView view_;
   const int32_t* logit_rows_ = nullptr;
   int32_t num_logit_rows_ = 0;

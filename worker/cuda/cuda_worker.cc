@@ -39,13 +39,20 @@ absl::Status CudaWorker::Configure(const WorkerConfig& config) {
     return absl::InvalidArgumentError("WorkerConfig.model_dir: no checkpoint and not synthetic");
   }
   if (config.parallel.distributed()) {
-    return absl::UnimplementedError(absl::StrCat(
-        "WorkerConfig.parallel: the GPU worker runs tensor_parallel_size 1 only (got ",
-        config.parallel.world_size, "); NCCL and host-staged Gloo ranks are not built yet"));
+    if (config.communicator == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "WorkerConfig.communicator: tensor_parallel_size ", config.parallel.world_size,
+          " needs the group's communicator"));
+    }
+    RETURN_IF_ERROR(CheckTensorParallel(config.model, config.parallel.world_size));
   }
   load_.keep_formats = weights.keep_formats;
   load_.synthetic_released_formats = weights.keep_formats;
+  load_.parallel = config.parallel;
   CudaGraphOptions graphs = config.graphs;
+  // Host-staged (Gloo) collectives cannot be captured: a tensor-parallel GPU rank runs eagerly
+  // until its collectives are NCCL's.
+  if (config.parallel.distributed()) graphs.enforce_eager = true;
   ASSIGN_OR_RETURN(const bool enforce_eager, EnvBool("DSV4_ENFORCE_EAGER", false));
   ASSIGN_OR_RETURN(const int region, EnvChoice("DSV4_PIECEWISE_EAGER_REGION", {"narrow", "wide"}, 0));
   ASSIGN_OR_RETURN(const bool shortcut, EnvBool("DSV4_DEBUG_INDEXER_SHORTCUT_IN_CAPTURE", false));
@@ -66,6 +73,7 @@ absl::Status CudaWorker::Load(const LoadProgressFn& progress) {
   options.matrix_dtype = precision_ == Precision::kFP32 ? DType::kF32 : DType::kBF16;
   ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::Create(options));
   CudaBackend* be = backend.get();
+  if (config_.communicator != nullptr) RETURN_IF_ERROR(be->AttachCommunicator(config_.communicator));
   LoadOptions load = load_;
   if (progress) {
     load.on_layer = [&progress](int64_t done, int64_t total) {
@@ -358,6 +366,7 @@ absl::StatusOr<StepResult> CudaWorker::Collect() {
   }
   // The worker's own time for the step: its Launch call and this one.
   result.execute_seconds = f.launch_seconds + Since(t_wait);
+  result.collective_seconds = backend_->TakeCollectiveSeconds();
   // (The first 64k steps: a long-running server with the switch on keeps a bounded record.)
   if (time_steps_ && phases_.size() < (size_t{1} << 16)) {
     auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };

@@ -27,6 +27,8 @@
 
 namespace dsv4 {
 
+class Communicator;  // parallel/communicator.h
+
 struct StoredWeight;  // worker/checkpoint/stored_weight.h
 struct ModelConfig;   // common/model_config.h
 
@@ -215,6 +217,10 @@ class Backend {
   // `layout.world_size`: it has that group's communicator (AllReduceSum) and its Route and
   // MoeExperts take expert-parallel ids. The default cannot (Unimplemented, naming the backend).
   virtual absl::Status SupportsTensorParallel(const ParallelLayout& layout) const;
+  // Hands the backend its group's communicator (not owned; it must outlive the backend).
+  virtual absl::Status AttachCommunicator(Communicator* comm) {
+    return absl::UnimplementedError("this backend takes no communicator");
+  }
   // Bytes per element of a dense weight matrix, and whether FP8/MXFP4 matrices stay in their
   // formats (else they cost dense bytes): what the load's memory plan counts.
   virtual int DenseMatrixBytes() const { return 4; }

@@ -1,8 +1,9 @@
 #!/bin/bash
 # TP1 against TP2 (and TP4) on the CPU: the same loadgen against a node serving dsv4-tiny in
-# this process, then split over 2 (4) `dsv4-node worker` processes on Gloo. Usage: tp_cpu.sh BUILD
+# this process, then split over 2 (4) `dsv4-node worker` processes on Gloo.
+# Usage: tp_cpu.sh BUILD   (or NODE="bash .gpu/bundle/run.sh node/dsv4-node" tp_cpu.sh)
 set -euo pipefail
-B=${1:-build}/node/dsv4-node
+B=${NODE:-${1:-build}/node/dsv4-node}
 T=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$T"' EXIT
 for tp in 1 2 4; do
