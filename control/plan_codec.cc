@@ -1,6 +1,7 @@
 #include "control/plan_codec.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace dsv4::control {
 
@@ -56,17 +57,26 @@ CacheConfig FromProto(const pb::CacheLayout& c) {
 
 void ToProto(const StepPlan& plan, pb::Step* out) {
   out->set_step_id(plan.step_id);
+  const int n = static_cast<int>(plan.seqs.size());
+  out->mutable_request_ids()->Reserve(n);
+  out->mutable_token_offsets()->Reserve(n + 1);
+  out->mutable_block_offsets()->Reserve(n + 1);
+  out->add_token_offsets(0);
+  out->add_block_offsets(0);
+  int32_t tokens = 0, blocks = 0;
   for (const ScheduledSeq& s : plan.seqs) {
-    pb::ScheduledSeq* q = out->add_seqs();
-    q->set_request_id(s.request_id);
-    q->mutable_tokens()->Add(s.tokens.begin(), s.tokens.end());
-    q->set_start_pos(s.start_pos);
-    q->set_state_slot(s.state_slot);
-    q->mutable_block_table()->Add(s.block_table.begin(), s.block_table.end());
-    q->set_sample(s.sample);
-    q->set_prompt_len(s.prompt_len);
-    q->set_output_index(s.output_index);
-    q->set_deferred_token(s.deferred_token);
+    out->add_request_ids(s.request_id);
+    out->mutable_tokens()->Add(s.tokens.begin(), s.tokens.end());
+    tokens += static_cast<int32_t>(s.tokens.size());
+    out->add_token_offsets(tokens);
+    out->add_start_pos(s.start_pos);
+    out->add_state_slots(s.state_slot);
+    out->mutable_block_table()->Add(s.block_table.begin(), s.block_table.end());
+    blocks += static_cast<int32_t>(s.block_table.size());
+    out->add_block_offsets(blocks);
+    out->add_prompt_len(s.prompt_len);
+    out->add_output_index(s.output_index);
+    out->add_flags((s.sample ? 1u : 0u) | (s.deferred_token ? 2u : 0u));
   }
   out->mutable_released()->Add(plan.released.begin(), plan.released.end());
   out->set_graph_mode(static_cast<int32_t>(plan.graph_mode));
@@ -74,13 +84,40 @@ void ToProto(const StepPlan& plan, pb::Step* out) {
   out->set_force_indexer_scoring(plan.force_indexer_scoring);
 }
 
+namespace {
+
+// Offsets [n + 1] that start at 0, never decrease and end at `total`.
+absl::Status CheckOffsets(const google::protobuf::RepeatedField<int32_t>& off, int n, int total,
+                          const char* field) {
+  if (off.size() != n + 1 || off[0] != 0 || off[n] != total) {
+    return absl::InvalidArgumentError(absl::StrCat("Step.", field, " must hold ", n + 1,
+                                                   " offsets from 0 to ", total));
+  }
+  for (int i = 0; i < n; ++i) {
+    if (off[i + 1] < off[i]) {
+      return absl::InvalidArgumentError(absl::StrCat("Step.", field, " decreases at ", i));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<StepPlan> FromProto(const pb::Step& step,
                                    std::map<uint64_t, std::shared_ptr<const SamplingSpec>>* known) {
-  for (const pb::RequestSpec& r : step.requests()) {
-    (*known)[r.request_id()] = std::make_shared<const SamplingSpec>(FromProto(r.sampling()));
+  const int n = step.request_ids_size();
+  for (auto [size, field] : {std::pair{step.start_pos_size(), "start_pos"},
+                             {step.state_slots_size(), "state_slots"},
+                             {step.prompt_len_size(), "prompt_len"},
+                             {step.output_index_size(), "output_index"},
+                             {step.flags_size(), "flags"}}) {
+    if (size != n) {
+      return absl::InvalidArgumentError(absl::StrCat("Step.", field, " has ", size,
+                                                     " entries for ", n, " sequences"));
+    }
   }
-  StepPlan plan;
-  plan.step_id = step.step_id();
+  RETURN_IF_ERROR(CheckOffsets(step.token_offsets(), n, step.tokens_size(), "token_offsets"));
+  RETURN_IF_ERROR(CheckOffsets(step.block_offsets(), n, step.block_table_size(), "block_offsets"));
   if (step.graph_mode() < 0 || step.graph_mode() > static_cast<int32_t>(GraphMode::kFull)) {
     return absl::InvalidArgumentError(absl::StrCat("Step.graph_mode ", step.graph_mode(),
                                                    " is not 0 (eager), 1 (piecewise) or 2 (full)"));
@@ -88,35 +125,44 @@ absl::StatusOr<StepPlan> FromProto(const pb::Step& step,
   if (step.padded_tokens() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("Step.padded_tokens ", step.padded_tokens(), " < 0"));
   }
+  for (const pb::RequestSpec& r : step.requests()) {
+    (*known)[r.request_id()] = std::make_shared<const SamplingSpec>(FromProto(r.sampling()));
+  }
+  StepPlan plan;
+  plan.step_id = step.step_id();
   plan.graph_mode = static_cast<GraphMode>(step.graph_mode());
   plan.padded_tokens = step.padded_tokens();
   plan.force_indexer_scoring = step.force_indexer_scoring();
-  plan.seqs.reserve(step.seqs_size());
-  for (int i = 0; i < step.seqs_size(); ++i) {
-    const pb::ScheduledSeq& q = step.seqs(i);
-    ScheduledSeq s;
-    s.request_id = q.request_id();
-    s.tokens.assign(q.tokens().begin(), q.tokens().end());
-    s.start_pos = q.start_pos();
-    s.state_slot = q.state_slot();
-    s.block_table.assign(q.block_table().begin(), q.block_table().end());
-    s.sample = q.sample();
-    s.prompt_len = q.prompt_len();
-    s.output_index = q.output_index();
-    s.deferred_token = q.deferred_token();
+  plan.seqs.resize(static_cast<size_t>(n));
+  const int32_t* tokens = step.tokens().data();
+  const int32_t* blocks = step.block_table().data();
+  for (int i = 0; i < n; ++i) {
+    ScheduledSeq& s = plan.seqs[i];
+    s.request_id = step.request_ids(i);
+    s.tokens.assign(tokens + step.token_offsets(i), tokens + step.token_offsets(i + 1));
+    s.start_pos = step.start_pos(i);
+    s.state_slot = step.state_slots(i);
+    s.block_table.assign(blocks + step.block_offsets(i), blocks + step.block_offsets(i + 1));
+    s.prompt_len = step.prompt_len(i);
+    s.output_index = step.output_index(i);
+    const uint32_t flags = step.flags(i);
+    if (flags > 3) {
+      return absl::InvalidArgumentError(absl::StrCat("Step.flags[", i, "] = ", flags, " has unknown bits"));
+    }
+    s.sample = (flags & 1u) != 0;
+    s.deferred_token = (flags & 2u) != 0;
     if (s.start_pos < 0 || s.prompt_len < 0 || s.output_index < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("Step.seqs[", i, "]: a negative position"));
+      return absl::InvalidArgumentError(absl::StrCat("Step sequence ", i, ": a negative position"));
     }
     if (s.sample) {
       auto it = known->find(s.request_id);
       if (it == known->end()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "Step.seqs[", i, "]: request ", s.request_id, " samples but its sampling parameters "
-            "never arrived (Step.requests)"));
+            "Step sequence ", i, ": request ", s.request_id, " samples but its sampling "
+            "parameters never arrived (Step.requests)"));
       }
       s.sampling = it->second;
     }
-    plan.seqs.push_back(std::move(s));
   }
   plan.released.assign(step.released().begin(), step.released().end());
   for (uint64_t id : plan.released) known->erase(id);
@@ -131,21 +177,29 @@ void ToProto(const StepResult& r, bool with_tokens, pb::StepDone* out) {
   out->set_graph_fallback(r.graph.fallback);
   out->set_collective_seconds(r.collective_seconds);
   if (!with_tokens) return;
+  const int n = static_cast<int>(r.sampled.size());
+  out->mutable_request_ids()->Reserve(n);
+  out->mutable_tokens()->Reserve(n);
+  out->mutable_logprobs()->Reserve(n);
+  out->mutable_nonfinite()->Reserve(n);
+  out->mutable_top_offsets()->Reserve(n + 1);
+  out->add_top_offsets(0);
+  int32_t tops = 0;
   for (const SampledToken& t : r.sampled) {
-    pb::SampledToken* p = out->add_sampled();
-    p->set_request_id(t.request_id);
-    p->set_token(t.token);
-    p->set_logprob(t.logprob);
-    p->set_nonfinite(t.nonfinite);
+    out->add_request_ids(t.request_id);
+    out->add_tokens(t.token);
+    out->add_logprobs(t.logprob);
+    out->add_nonfinite(t.nonfinite);
     for (const auto& [id, lp] : t.top) {
-      pb::TopLogprob* top = p->add_top();
-      top->set_token(id);
-      top->set_logprob(lp);
+      out->add_top_tokens(id);
+      out->add_top_logprobs(lp);
     }
+    tops += static_cast<int32_t>(t.top.size());
+    out->add_top_offsets(tops);
   }
 }
 
-StepResult FromProto(const pb::StepDone& d) {
+absl::StatusOr<StepResult> FromProto(const pb::StepDone& d) {
   StepResult r;
   r.step_id = d.step_id();
   r.execute_seconds = d.execute_seconds();
@@ -154,13 +208,22 @@ StepResult FromProto(const pb::StepDone& d) {
   r.graph.mode = mode >= 0 && mode <= 2 ? static_cast<GraphMode>(mode) : GraphMode::kEager;
   r.graph.fallback = d.graph_fallback();
   r.collective_seconds = d.collective_seconds();
-  for (const pb::SampledToken& p : d.sampled()) {
+  const int n = d.request_ids_size();
+  if (d.tokens_size() != n || d.logprobs_size() != n || d.nonfinite_size() != n ||
+      (n > 0 && d.top_offsets_size() != n + 1) || d.top_tokens_size() != d.top_logprobs_size()) {
+    return absl::InvalidArgumentError("StepDone: its sampled arrays disagree in length");
+  }
+  for (int i = 0; i < n; ++i) {
     SampledToken t;
-    t.request_id = p.request_id();
-    t.token = p.token();
-    t.logprob = p.logprob();
-    t.nonfinite = p.nonfinite();
-    for (const pb::TopLogprob& top : p.top()) t.top.emplace_back(top.token(), top.logprob());
+    t.request_id = d.request_ids(i);
+    t.token = d.tokens(i);
+    t.logprob = d.logprobs(i);
+    t.nonfinite = d.nonfinite(i);
+    const int32_t b = d.top_offsets(i), e = d.top_offsets(i + 1);
+    if (b < 0 || e < b || e > d.top_tokens_size()) {
+      return absl::InvalidArgumentError("StepDone.top_offsets out of range");
+    }
+    for (int32_t k = b; k < e; ++k) t.top.emplace_back(d.top_tokens(k), d.top_logprobs(k));
     r.sampled.push_back(std::move(t));
   }
   return r;

@@ -32,6 +32,7 @@ absl::StatusOr<StepPlan> FromProto(const pb::Step& step,
                                    std::map<uint64_t, std::shared_ptr<const SamplingSpec>>* known);
 
 void ToProto(const StepResult& r, bool with_tokens, pb::StepDone* out);
-StepResult FromProto(const pb::StepDone& d);
+// InvalidArgument when its arrays disagree (a rank's bug or garbage on the stream).
+absl::StatusOr<StepResult> FromProto(const pb::StepDone& d);
 
 }  // namespace dsv4::control

@@ -239,7 +239,9 @@ absl::StatusOr<StepResult> RemoteWorkerGroup::Execute(const StepPlan& plan) {
   for (uint64_t id : plan.released) announced_.erase(id);
   std::vector<cpb::WorkerMessage> replies;
   RETURN_IF_ERROR(Broadcast(m, cpb::WorkerMessage::kStepDone, options_.step_timeout, {}, &replies));
-  StepResult result = control::FromProto(replies[0].step_done());
+  auto decoded = control::FromProto(replies[0].step_done());
+  if (!decoded.ok()) return Break(absl::Status(decoded.status().code(), absl::StrCat("rank 0: ", decoded.status().message())));
+  StepResult result = std::move(*decoded);
   rank_seconds_.clear();
   result.rank_collective_seconds.clear();
   double slowest = 0;

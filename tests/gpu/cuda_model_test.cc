@@ -353,11 +353,9 @@ TEST(CudaModel, UnsupportedConfigsAreRefusedAtLoad) {
     const char* field;
     int64_t value;
   };
-  for (const Case& c : {Case{"num_attention_heads", 6}, Case{"head_dim", 96}, Case{"hc_mult", 9},
-                        Case{"index_n_heads", 12}}) {
+  for (const Case& c : {Case{"head_dim", 96}, Case{"hc_mult", 9}, Case{"index_n_heads", 12}}) {
     Json j = testing::TinyConfigJson();
     j[c.field] = c.value;
-    if (std::string(c.field) == "num_attention_heads") j["o_groups"] = 2;  // 6 / 2 groups
     if (std::string(c.field) == "head_dim") j["qk_rope_head_dim"] = 24;  // partial_rotary 0.25
     auto config = ParseModelConfig(j.dump());
     ASSERT_TRUE(config.ok()) << c.field << ": " << config.status();
@@ -371,6 +369,34 @@ TEST(CudaModel, UnsupportedConfigsAreRefusedAtLoad) {
     ASSERT_FALSE(gpu.ok()) << c.field;
     EXPECT_NE(gpu.status().message().find(c.field), std::string::npos) << gpu.status();
     EXPECT_NE(gpu.status().message().find("supported"), std::string::npos) << gpu.status();
+  }
+}
+
+// Any head count runs (a tensor-parallel rank's share is often 1 or 2): the attention takes
+// blocks of 8, 4, 2 or 1 heads. 6 heads (3 a group, blocks of 2) and 5 (one group, blocks of 1)
+// against the CPU reference in fp32.
+TEST(CudaModel, AnyHeadCountMatchesTheCpu) {
+  DSV4_REQUIRE_GPU();
+  for (const auto& [heads, groups] : std::vector<std::pair<int, int>>{{6, 2}, {5, 1}, {2, 2}}) {
+    Json j = testing::TinyConfigJson();
+    j["num_attention_heads"] = heads;
+    j["o_groups"] = groups;
+    auto config = ParseModelConfig(j.dump());
+    ASSERT_TRUE(config.ok()) << heads << ": " << config.status();
+    CacheConfig cache;
+    cache.num_slots = 2;
+    cache.max_model_len = 256;
+    cache.num_blocks = 16;
+    auto cpu = Dsv4Model::LoadSynthetic(*config, 5, std::make_unique<CpuBackend>(), cache);
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    auto gpu = Dsv4Model::LoadSynthetic(*config, 5, *CreateCudaBackend(0, Precision::kFP32), cache);
+    ASSERT_TRUE(gpu.ok()) << heads << " heads: " << gpu.status();
+    const std::vector<std::vector<int32_t>> prompts = {
+        {3, 17, 29, 5, 11, 40, 2, 9, 33, 7, 21, 14, 8, 50, 4, 19, 23, 6, 12, 31, 44, 1, 18}};
+    const auto want = AllLogits(**cpu, prompts, {9, 1, 1, 5});
+    const auto got = AllLogits(**gpu, prompts, {9, 1, 1, 5});
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_TRUE(testing::Close(got[0], want[0], 1e-4, 1e-3)) << heads << " heads";
   }
 }
 
