@@ -72,7 +72,10 @@ absl::Status RemoteWorkerGroup::Recover() {
     }
     RETURN_IF_ERROR(SpawnRanks());
   }
-  ASSIGN_OR_RETURN(links_, plane_->WaitForRanks(options_.register_timeout));
+  // External ranks come back when their pods are recreated: a short wait per attempt keeps the
+  // engine answering meanwhile (the engine asks again every second).
+  ASSIGN_OR_RETURN(links_, plane_->WaitForRanks(options_.spawn ? options_.register_timeout
+                                                              : std::chrono::milliseconds(200)));
   broken_ = absl::OkStatus();
   announced_.clear();
   stage_ = 0;

@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "control/secret.h"
 #include "dsv4/internal/v1/worker.grpc.pb.h"
 #include "dsv4/v1/dsv4.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -250,6 +251,26 @@ TEST(ServeTp, ExternalWorkersAreCheckedBeforeTheyGetAPlan) {
     EXPECT_NE(reply.refused().reason().find("must be Register"), std::string::npos);
     stream->WritesDone();
     EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  // A rank outside the group (the worker command checks this itself; a raw client does not).
+  {
+    auto ch = grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials());
+    auto stub = internal::v1::WorkerControl::NewStub(ch);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    auto stream = stub->Connect(&ctx);
+    internal::v1::WorkerMessage m;
+    internal::v1::Register* r = m.mutable_register_();
+    r->set_rank(5);
+    r->set_world_size(2);
+    r->set_secret("s3cret-of-the-group");
+    r->set_build_version(control::BuildVersion());
+    stream->Write(m);
+    internal::v1::CoordinatorMessage reply;
+    ASSERT_TRUE(stream->Read(&reply));
+    ASSERT_EQ(reply.kind_case(), internal::v1::CoordinatorMessage::kRefused);
+    EXPECT_NE(reply.refused().reason().find("rank 5 is outside [0, 2)"), std::string::npos)
+        << reply.refused().reason();
   }
   auto rank0 = worker({"--rank", "0", "--world-size", "2", "--worker-secret-file", dir + "/secret"});
   // The same rank twice.

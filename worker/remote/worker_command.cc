@@ -7,7 +7,9 @@
 #include "common/log.h"
 #include "control/secret.h"
 #include "worker/remote/worker_agent.h"
+#include "worker/cuda_plugin.h"
 #include "worker/tools/model_tools.h"
+#include "absl/strings/str_cat.h"
 
 namespace dsv4::cli {
 namespace {
@@ -21,7 +23,8 @@ class WorkerCommand final : public Command {
     app.add_option("--world-size", o_.world_size, "ranks in the group (--tensor-parallel-size)")
         ->required()
         ->check(CLI::Range(1, 4096));
-    app.add_option("--device", o_.device, "auto|cpu|cuda|cuda:N");
+    app.add_option("--device", o_.device,
+                   "auto|cpu|cuda|cuda:N (auto and cuda: GPU rank % GPUs seen; auto falls back to cpu)");
     app.add_option("--worker-secret-file", secret_file_,
                    "file holding the shared secret (a mounted Kubernetes Secret)");
     app.add_flag("--secret-stdin", secret_stdin_, "read the secret from standard input (spawned ranks)");
@@ -50,6 +53,20 @@ class WorkerCommand final : public Command {
       return Fail(absl::InvalidArgumentError("--rank must be below --world-size"));
     }
     o_.connect_timeout = std::chrono::milliseconds(connect_timeout_s_ * 1000);
+    // auto: GPU rank % (GPUs this process sees) when there are GPUs (one per rank on a machine
+    // with several; the pod's one under a LeaderWorkerSet), else the CPU. cuda: the same, but a
+    // GPU is required.
+    if (o_.device == "auto" || o_.device == "cuda") {
+      auto n = CudaDeviceCount();
+      if (n.ok() && *n > 0) {
+        o_.device = absl::StrCat("cuda:", o_.rank % *n);
+      } else if (o_.device == "cuda") {
+        return Fail(absl::FailedPreconditionError(absl::StrCat(
+            "--device cuda: no GPU (", n.ok() ? "none found" : n.status().message(), ")")));
+      } else {
+        o_.device = "cpu";
+      }
+    }
     absl::Status s = RunWorkerAgent(o_);
     if (!s.ok()) return Fail(s);
     LogInfo("worker_stopped", {{"rank", o_.rank}});
