@@ -63,6 +63,56 @@ TEST_P(ModelTensorParallel, SyntheticWeightsMatchOneRank) {
 INSTANTIATE_TEST_SUITE_P(Sizes, ModelTensorParallel, ::testing::Values(2, 4),
                          [](const auto& info) { return absl::StrCat("TP", info.param); });
 
+// A rank reads its own experts only: at TP2 each rank reads the whole checkpoint less the other
+// rank's experts (split projections are still read whole, then cut).
+TEST(ModelTensorParallelReads, RanksReadTheirExpertsOnly) {
+  auto config = LoadModelConfig(testing::TestData("dsv4-tiny") + "/config.json");
+  ASSERT_TRUE(config.ok());
+  auto ckpt = Checkpoint::Open(testing::TestData("dsv4-tiny"));
+  ASSERT_TRUE(ckpt.ok());
+  CacheConfig cache;
+  cache.num_blocks = 4;
+  cache.num_slots = 1;
+  uint64_t whole = 0;
+  LoadOptions one;
+  one.bytes_read = &whole;
+  ASSERT_TRUE(Dsv4Model::Load(*config, **ckpt, std::make_unique<CpuBackend>(), cache, one).ok());
+  // Loading needs no collective: a size-2 layout with a stand-in communicator of the right shape.
+  class Shape2 final : public Communicator {
+   public:
+    explicit Shape2(int r) : r_(r) {}
+    int rank() const override { return r_; }
+    int world_size() const override { return 2; }
+    MemorySpace memory_space() const override { return MemorySpace::kHost; }
+    std::string backend_name() const override { return "none"; }
+    absl::Status AllReduceSum(const void*, void*, size_t, DType, void*) override { return absl::UnimplementedError(""); }
+    absl::Status AllGather(const void*, void*, size_t, DType, void*) override { return absl::UnimplementedError(""); }
+    absl::Status Broadcast(void*, size_t, DType, int, void*) override { return absl::UnimplementedError(""); }
+    absl::Status Barrier() override { return absl::UnimplementedError(""); }
+    absl::Status health() const override { return absl::OkStatus(); }
+    void Abort(const absl::Status&) override {}
+   private:
+    int r_;
+  };
+  uint64_t rank_bytes[2] = {0, 0};
+  for (int r = 0; r < 2; ++r) {
+    Shape2 comm(r);
+    LoadOptions o;
+    o.parallel = {r, 2};
+    o.bytes_read = &rank_bytes[r];
+    auto m = Dsv4Model::Load(*config, **ckpt, std::make_unique<CpuBackend>(&comm), cache, o);
+    ASSERT_TRUE(m.ok()) << m.status();
+  }
+  std::printf("checkpoint bytes read: one rank %llu, TP2 ranks %llu + %llu\n",
+              static_cast<unsigned long long>(whole), static_cast<unsigned long long>(rank_bytes[0]),
+              static_cast<unsigned long long>(rank_bytes[1]));
+  // The fixture stores fp32 per-expert w1, w2, w3 of [I, D]: each rank skips the other half.
+  const uint64_t experts = static_cast<uint64_t>(config->num_layers) * config->n_routed_experts * 3 *
+                           config->moe_intermediate_size * config->hidden_size * 4;
+  EXPECT_EQ(rank_bytes[0], whole - experts / 2);
+  EXPECT_EQ(rank_bytes[1], whole - experts / 2);
+}
+
 TEST(ModelTensorParallelRefusals, SizesThatDoNotSplitAreRefusedAtLoad) {
   auto config = LoadModelConfig(testing::TestData("dsv4-tiny") + "/config.json");
   ASSERT_TRUE(config.ok());

@@ -77,6 +77,11 @@ WeightFormat WeightSource::FormatOf(const std::string& canonical) const {
   }
 }
 
+TensorBytes WeightSource::Read(const TensorInfo& info) {
+  bytes_read_ += info.nbytes;
+  return ckpt_->Bytes(info);
+}
+
 const TensorInfo* WeightSource::Lookup(const std::string& canonical) {
   auto it = index_.find(canonical);
   if (it == index_.end()) return nullptr;
@@ -93,7 +98,7 @@ absl::StatusOr<HostTensor> WeightSource::Convert(const std::string& canonical, S
   out.dtype = DType::kF32;
   out.shape = shape;
   out.f32.resize(static_cast<size_t>(shape.numel()));
-  const TensorBytes bytes = ckpt_->Bytes(*info);
+  const TensorBytes bytes = Read(*info);
   const int64_t n = shape.numel();
   auto mismatch = [&] {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint tensor ", info->name, " (",
@@ -131,7 +136,7 @@ absl::StatusOr<HostTensor> WeightSource::Convert(const std::string& canonical, S
                                                        AV(DTypeName(sinfo->dtype)), "; expected [", sr,
                                                        ", ", sc, "] of F32/BF16/F8_E8M0"));
       }
-      const TensorBytes sbytes = ckpt_->Bytes(*sinfo);
+      const TensorBytes sbytes = Read(*sinfo);
       for (int64_t r = 0; r < shape[0]; ++r) {
         for (int64_t c = 0; c < shape[1]; ++c) {
           out.f32[r * shape[1] + c] = F8E4M3ToF32(bytes.data[r * shape[1] + c]) *
@@ -155,7 +160,7 @@ absl::StatusOr<HostTensor> WeightSource::Convert(const std::string& canonical, S
                                                        " needs a scale ", scale_name, " of shape [",
                                                        shape[0], ", ", shape[1] / 32, "]"));
       }
-      const TensorBytes sbytes = ckpt_->Bytes(*sinfo);
+      const TensorBytes sbytes = Read(*sinfo);
       for (int64_t r = 0; r < shape[0]; ++r) {
         for (int64_t c = 0; c < shape[1]; ++c) {
           const uint8_t byte = bytes.data[r * (shape[1] / 2) + c / 2];
@@ -206,7 +211,7 @@ absl::StatusOr<StoredWeight> WeightSource::Stored(const std::string& canonical, 
     ASSIGN_OR_RETURN(out.dense, F32(canonical, shape));
     return out;
   }
-  const TensorBytes bytes = ckpt_->Bytes(*info);
+  const TensorBytes bytes = Read(*info);
   const int64_t rows = shape.rank == 2 ? shape[0] : 0, cols = shape.rank == 2 ? shape[1] : 0;
   auto where = [&] { return absl::StrCat("checkpoint tensor ", info->name, " (", canonical, ")"); };
   const std::string scale_name = absl::StrCat(canonical, "_scale_inv");
@@ -237,7 +242,7 @@ absl::StatusOr<StoredWeight> WeightSource::Stored(const std::string& canonical, 
     out.data.assign(bytes.data, bytes.data + rows * cols);
     int64_t nan_codes = 0;
     for (uint8_t b : out.data) nan_codes += (b & 0x7f) == 0x7f;
-    const TensorBytes sbytes = ckpt_->Bytes(*sinfo);
+    const TensorBytes sbytes = Read(*sinfo);
     out.scale_f32.resize(static_cast<size_t>(sr * sc));
     int64_t bad_scales = 0;
     for (int64_t i = 0; i < sr * sc; ++i) {
@@ -269,7 +274,7 @@ absl::StatusOr<StoredWeight> WeightSource::Stored(const std::string& canonical, 
     out.block_rows = 1;
     out.block_cols = 32;
     out.data.assign(bytes.data, bytes.data + rows * cols / 2);
-    const TensorBytes sbytes = ckpt_->Bytes(*sinfo);
+    const TensorBytes sbytes = Read(*sinfo);
     out.scale_e8m0.assign(sbytes.data, sbytes.data + rows * cols / 32);
     int64_t nan_scales = 0;
     for (uint8_t b : out.scale_e8m0) nan_scales += b == 255;
@@ -298,7 +303,7 @@ absl::StatusOr<HostTensor> WeightSource::I32(const std::string& canonical, Shape
   out.dtype = DType::kI32;
   out.shape = shape;
   out.i32.resize(static_cast<size_t>(shape.numel()));
-  const TensorBytes bytes = ckpt_->Bytes(*info);
+  const TensorBytes bytes = Read(*info);
   for (int64_t i = 0; i < shape.numel(); ++i) {
     const int64_t v = info->dtype == DType::kI64 ? ReadAt<int64_t>(bytes.data, i)
                                                  : ReadAt<int32_t>(bytes.data, i);

@@ -43,9 +43,13 @@ class WeightSource {
   // Checkpoint tensors never loaded (excluding ignored MTP tensors), by original name.
   std::vector<std::string> Unused() const;
   int ignored() const { return ignored_; }
+  // Bytes of checkpoint tensors (and scales) read so far: a tensor-parallel rank reads its own
+  // experts only.
+  uint64_t bytes_read() const { return bytes_read_; }
 
  private:
   const TensorInfo* Lookup(const std::string& canonical);
+  TensorBytes Read(const TensorInfo& info);
   absl::StatusOr<HostTensor> Convert(const std::string& canonical, Shape shape);
 
   const Checkpoint* ckpt_ = nullptr;
@@ -53,6 +57,7 @@ class WeightSource {
   std::map<std::string, const TensorInfo*> index_;
   std::set<std::string> used_;
   int ignored_ = 0;
+  uint64_t bytes_read_ = 0;
 };
 
 }  // namespace dsv4

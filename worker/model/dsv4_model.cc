@@ -257,6 +257,10 @@ absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Load(const ModelConfig& co
   RETURN_IF_ERROR(CheckFits(plan, *m->backend_));
   auto factory = CheckpointWeightFactory(&src, m->backend_.get(), options.keep_formats);
   RETURN_IF_ERROR(m->LoadWeights(factory.get(), options.on_layer));
+  LogInfo("checkpoint_read", {{"bytes", src.bytes_read()},
+                              {"rank", options.parallel.rank},
+                              {"world_size", options.parallel.world_size}});
+  if (options.bytes_read != nullptr) *options.bytes_read = src.bytes_read();
   const auto unused = src.Unused();
   if (!unused.empty() && options.parallel.distributed()) {
     // Other ranks' slices (their experts) are not this rank's to load.

@@ -59,6 +59,8 @@ struct LoadOptions {
   // (common/tensor_parallel.h) and all-reduces the partial outputs of its attention and MoE
   // blocks through the backend's communicator (Backend::SupportsTensorParallel).
   ParallelLayout parallel;
+  // Set by Load (when not null): the checkpoint bytes this rank read.
+  uint64_t* bytes_read = nullptr;
 };
 
 struct SequenceStep {
