@@ -23,7 +23,10 @@ namespace dsv4 {
 struct ParallelLayout {
   int32_t rank = 0;
   int32_t world_size = 1;
+  // Tests: run the collectives even at size 1 (a one-rank NCCL group inside the graphs).
+  bool always_reduce = false;
   bool distributed() const { return world_size > 1; }
+  bool reduces() const { return distributed() || always_reduce; }
 };
 
 struct TensorShard {

@@ -1,5 +1,7 @@
 #include "worker/cuda_plugin.h"
 
+#include "parallel/communicator.h"
+
 #include "absl/strings/str_cat.h"
 #include "common/plugin.h"
 #include "common/status.h"
@@ -65,6 +67,29 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device, Precision
   std::unique_ptr<Backend> b(create(device, precision == Precision::kFP32 ? 1 : 0, &status));
   if (b == nullptr) return status.ok() ? absl::InternalError("CUDA backend creation failed") : status;
   return b;
+}
+
+absl::StatusOr<std::string> NcclUniqueId() {
+  ASSIGN_OR_RETURN(const Plugin* plugin, LoadPlugin());
+  ASSIGN_OR_RETURN(Dsv4NcclUniqueIdFn * fn, plugin->Function<Dsv4NcclUniqueIdFn>("dsv4_nccl_unique_id"));
+  char buf[256];
+  absl::Status status;
+  const int n = fn(buf, sizeof(buf), &status);
+  if (n < 0) return status.ok() ? absl::InternalError("nccl unique id failed") : status;
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(int rank, int world_size,
+                                                                     const std::string& unique_id,
+                                                                     int device) {
+  ASSIGN_OR_RETURN(const Plugin* plugin, LoadPlugin());
+  ASSIGN_OR_RETURN(Dsv4CreateNcclCommunicatorFn * fn,
+                   plugin->Function<Dsv4CreateNcclCommunicatorFn>("dsv4_create_nccl_communicator"));
+  absl::Status status;
+  std::unique_ptr<Communicator> c(fn(rank, world_size, unique_id.data(),
+                                     static_cast<int>(unique_id.size()), device, &status));
+  if (c == nullptr) return status.ok() ? absl::InternalError("nccl communicator creation failed") : status;
+  return c;
 }
 
 }  // namespace dsv4

@@ -16,7 +16,7 @@
 
 namespace dsv4 {
 
-constexpr int kCudaPluginAbi = 8;
+constexpr int kCudaPluginAbi = 9;
 
 enum class Precision { kBF16, kFP32 };
 absl::StatusOr<Precision> ParsePrecision(std::string_view s);
@@ -29,6 +29,13 @@ absl::StatusOr<int> CudaDeviceCount();
 absl::StatusOr<std::unique_ptr<Worker>> CreateCudaWorker(int device);
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device, Precision precision);
 
+// NCCL through the plugin (parallel/nccl_communicator.h): a fresh unique id (rank 0 makes it, the
+// control plane hands it to the others) and a rank's communicator on `device`.
+absl::StatusOr<std::string> NcclUniqueId();
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(int rank, int world_size,
+                                                                     const std::string& unique_id,
+                                                                     int device);
+
 }  // namespace dsv4
 
 // The plugin's exports. Each returns nullptr and sets *status on failure.
@@ -36,4 +43,8 @@ extern "C" {
 using Dsv4CudaAbiFn = int();
 using Dsv4CreateCudaWorkerFn = dsv4::Worker*(int device, absl::Status* status);
 using Dsv4CreateCudaBackendFn = dsv4::Backend*(int device, int fp32, absl::Status* status);
+using Dsv4NcclUniqueIdFn = int(char* out, int len, absl::Status* status);
+using Dsv4CreateNcclCommunicatorFn = dsv4::Communicator*(int rank, int world_size, const char* id,
+                                                         int id_len, int device,
+                                                         absl::Status* status);
 }

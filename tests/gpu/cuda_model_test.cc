@@ -16,6 +16,14 @@
 namespace dsv4 {
 namespace {
 
+// The checkpoint's formats kept (true) or dequantised at load (false).
+LoadOptions Keep(bool keep) {
+  LoadOptions o;
+  o.keep_formats = keep;
+  o.synthetic_released_formats = false;
+  return o;
+}
+
 using Logits = SequenceStep::Logits;
 
 void ExpectGoldenPass(const GoldenOptions& options, double bound) {
@@ -148,8 +156,8 @@ TEST(CudaModel, QuantizedFixtureFp32MeetsTheCpuCriteria) {
 
 TEST(CudaModel, QuantizedFixtureInBf16WithinTolerance) {
   DSV4_REQUIRE_GPU();
-  ExpectBf16Close(testing::TestData("dsv4-tiny-fp8"), LoadOptions{true, false});
-  ExpectBf16Close(testing::TestData("dsv4-tiny-fp8"), LoadOptions{false, false});
+  ExpectBf16Close(testing::TestData("dsv4-tiny-fp8"), Keep(true));
+  ExpectBf16Close(testing::TestData("dsv4-tiny-fp8"), Keep(false));
 }
 
 // A 3-layer model at the real Flash widths (fewer experts, small vocabulary so that the CPU
@@ -185,7 +193,8 @@ TEST(CudaModel, GpuEngineMatchesCpuEngineOnSyntheticModels) {
     // same bytes filled on the host and on the device).
     for (bool released : {false, true}) {
       SCOPED_TRACE(released ? "released formats" : "dense");
-      const LoadOptions load{true, released};
+      LoadOptions load;
+      load.synthetic_released_formats = released;
       auto cpu = Dsv4Model::LoadSynthetic(*config, 3, std::make_unique<CpuBackend>(), cache, load);
       auto gpu = Dsv4Model::LoadSynthetic(*config, 3, *CreateCudaBackend(0, Precision::kFP32),
                                           cache, load);

@@ -79,7 +79,9 @@ TEST(WeightSlice, StoredWeightsKeepTheirFormatOnBlocksAndValuesAlways) {
     EXPECT_EQ(values->f32, Block(full->f32, cols, rows_cut ? c.slice.begin : 0,
                                  rows_cut ? c.slice.size : rows, rows_cut ? 0 : c.slice.begin,
                                  rows_cut ? cols : c.slice.size));
-    if (c.expect != WeightFormat::kDense) EXPECT_LT(cut->bytes(), c.w->bytes());
+    if (c.expect != WeightFormat::kDense) {
+      EXPECT_LT(cut->bytes(), c.w->bytes());
+    }
   }
 }
 

@@ -12,6 +12,14 @@
 namespace dsv4 {
 namespace {
 
+// Matrices kept as stored and synthetic ones in the released formats.
+LoadOptions ReleasedLoad() {
+  LoadOptions o;
+  o.keep_formats = true;
+  o.synthetic_released_formats = true;
+  return o;
+}
+
 // A CPU backend that plans like the CUDA one: bf16 dense matrices, FP8/MXFP4 kept, a device of
 // `free_bytes`.
 class PlanningBackend final : public CpuBackend {
@@ -90,7 +98,7 @@ TEST(MemoryPlan, FlashWeightsInTheReleasedFormats) {
 TEST(MemoryPlan, ModelThatDoesNotFitIsRefused) {
   const CacheConfig cache = Cache(4, 1024);
   auto m = Dsv4Model::LoadSynthetic(Flash(43), 1, std::make_unique<PlanningBackend>(80ull << 30),
-                                    cache, LoadOptions{true, true});
+                                    cache, ReleasedLoad());
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(m.status().message().find("does not fit"), std::string::npos) << m.status();
@@ -122,7 +130,7 @@ TEST(MemoryPlan, StepScratchCountsOneLayerForLargeStepsAndEveryLayerForBatches) 
 TEST(MemoryPlan, StepScratchIsPartOfTheFit) {
   CacheConfig cache = Cache(4, 1 << 16, 1 << 16);  // a 64k-token step: tens of GiB of activations
   auto m = Dsv4Model::LoadSynthetic(Flash(2), 1, std::make_unique<PlanningBackend>(40ull << 30),
-                                    cache, LoadOptions{true, true});
+                                    cache, ReleasedLoad());
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(m.status().message().find("step scratch"), std::string::npos) << m.status();

@@ -1295,22 +1295,25 @@ absl::Status CudaBackend::SupportsTensorParallel(const ParallelLayout& layout) c
         "the cuda backend's communicator is rank ", comm_->rank(), " of ", comm_->world_size(),
         "; the model is rank ", layout.rank, " of ", layout.world_size));
   }
-  if (comm_->memory_space() != MemorySpace::kHost) {
-    return absl::UnimplementedError("the cuda backend runs host communicators (Gloo) only so far");
-  }
   return absl::OkStatus();
 }
 
-// Host-staged (a Gloo communicator): the partial sums go to pinned host memory, are all-reduced
-// there and come back. Eager steps only: a graph cannot hold a host collective.
+// A device communicator (NCCL) all-reduces in place on the current stream: stream-ordered, and
+// captured into graphs like any kernel. A host one (Gloo) is host-staged: the partial sums go to
+// pinned host memory, are all-reduced there and come back; eager steps only.
 absl::Status CudaBackend::AllReduceSum(Tensor x) {
   if (comm_ == nullptr) return Backend::AllReduceSum(x);
+  if (x.dtype != DType::kF32) return absl::InvalidArgumentError("AllReduceSum: f32 tensors only");
+  if (comm_->memory_space() == MemorySpace::kDevice) {
+    if (skip()) return absl::OkStatus();  // a piecewise replay: the segment's graph holds it
+    return comm_->AllReduceSum(x.data, x.data, static_cast<size_t>(x.numel()), DType::kF32,
+                               cur_stream());
+  }
   ASSIGN_OR_RETURN(const bool capturing, Capturing());
   if (capturing || skip()) {
     return absl::FailedPreconditionError(
         "AllReduceSum: a host-staged (Gloo) all-reduce cannot run inside a CUDA graph");
   }
-  if (x.dtype != DType::kF32) return absl::InvalidArgumentError("AllReduceSum: f32 tensors only");
   const size_t bytes = static_cast<size_t>(x.numel()) * 4;
   if (collective_host_.bytes() < bytes) {
     ASSIGN_OR_RETURN(collective_host_, AllocPinned(bytes));

@@ -68,7 +68,8 @@ class CudaBackend final : public Backend {
   absl::StatusOr<Tensor> CreatePool(DType dtype, Shape shape) override;
   absl::StatusOr<uint64_t> FreeMemoryBytes() const override;
   absl::Status Supports(const ModelConfig& config) const override;
-  // Tensor parallelism over a host communicator (Gloo, host-staged, eager steps only).
+  // Tensor parallelism: NCCL (device, stream-ordered, capturable) or Gloo (host-staged, eager
+  // steps only).
   absl::Status AttachCommunicator(Communicator* comm) override;
   absl::Status SupportsTensorParallel(const ParallelLayout& layout) const override;
   absl::Status AllReduceSum(Tensor x) override;

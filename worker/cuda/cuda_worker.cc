@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "common/env.h"
 #include "common/status.h"
+#include "parallel/communicator.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/sampling.h"
 #include "worker/checkpoint/safetensors.h"
@@ -38,7 +39,7 @@ absl::Status CudaWorker::Configure(const WorkerConfig& config) {
   if (!config.synthetic && config.model_dir.empty()) {
     return absl::InvalidArgumentError("WorkerConfig.model_dir: no checkpoint and not synthetic");
   }
-  if (config.parallel.distributed()) {
+  if (config.parallel.distributed() || config.parallel.always_reduce) {
     if (config.communicator == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
           "WorkerConfig.communicator: tensor_parallel_size ", config.parallel.world_size,
@@ -50,9 +51,11 @@ absl::Status CudaWorker::Configure(const WorkerConfig& config) {
   load_.synthetic_released_formats = weights.keep_formats;
   load_.parallel = config.parallel;
   CudaGraphOptions graphs = config.graphs;
-  // Host-staged (Gloo) collectives cannot be captured: a tensor-parallel GPU rank runs eagerly
-  // until its collectives are NCCL's.
-  if (config.parallel.distributed()) graphs.enforce_eager = true;
+  // Host-staged (Gloo) collectives cannot be captured: a GPU rank on a host communicator runs
+  // every step eagerly; on NCCL its collectives are captured with the rest.
+  if (config.communicator != nullptr && config.communicator->memory_space() == MemorySpace::kHost) {
+    graphs.enforce_eager = true;
+  }
   ASSIGN_OR_RETURN(const bool enforce_eager, EnvBool("DSV4_ENFORCE_EAGER", false));
   ASSIGN_OR_RETURN(const int region, EnvChoice("DSV4_PIECEWISE_EAGER_REGION", {"narrow", "wide"}, 0));
   ASSIGN_OR_RETURN(const bool shortcut, EnvBool("DSV4_DEBUG_INDEXER_SHORTCUT_IN_CAPTURE", false));

@@ -1,5 +1,8 @@
 // extern "C" entry points of libdsv4_cuda.so (see worker/cuda_plugin.h for the host side).
+#include <cstring>
+
 #include "common/status.h"
+#include "parallel/nccl_communicator.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_worker.h"
 #include "worker/cuda_plugin.h"
@@ -28,6 +31,36 @@ DSV4_EXPORT dsv4::Backend* dsv4_create_cuda_backend(int device, int fp32, absl::
     return nullptr;
   }
   return b->release();
+}
+
+DSV4_EXPORT int dsv4_nccl_unique_id(char* out, int len, absl::Status* status) {
+  auto id = dsv4::NewNcclUniqueId();
+  if (!id.ok()) {
+    *status = id.status();
+    return -1;
+  }
+  if (static_cast<int>(id->size()) > len) {
+    *status = absl::InvalidArgumentError("nccl unique id: buffer too small");
+    return -1;
+  }
+  std::memcpy(out, id->data(), id->size());
+  return static_cast<int>(id->size());
+}
+
+DSV4_EXPORT dsv4::Communicator* dsv4_create_nccl_communicator(int rank, int world_size,
+                                                              const char* id, int id_len,
+                                                              int device, absl::Status* status) {
+  dsv4::NcclOptions o;
+  o.rank = rank;
+  o.world_size = world_size;
+  o.device = device;
+  o.unique_id.assign(id, static_cast<size_t>(id_len));
+  auto c = dsv4::NcclCommunicator::Create(o);
+  if (!c.ok()) {
+    *status = c.status();
+    return nullptr;
+  }
+  return c->release();
 }
 
 }  // extern "C"

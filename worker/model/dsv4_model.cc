@@ -47,7 +47,7 @@ absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Create(const ModelConfig& 
                                                             const ParallelLayout& parallel) {
   RETURN_IF_ERROR(backend->Supports(config));
   ASSIGN_OR_RETURN(TensorShard shard, ShardOf(config, parallel));
-  if (parallel.distributed()) RETURN_IF_ERROR(backend->SupportsTensorParallel(parallel));
+  if (parallel.reduces()) RETURN_IF_ERROR(backend->SupportsTensorParallel(parallel));
   std::unique_ptr<Dsv4Model> m(new Dsv4Model());
   m->config_ = config;
   m->parallel_ = parallel;
@@ -630,7 +630,7 @@ absl::Status Dsv4Model::AttentionBlock(int64_t l, const Tensor& x, Tensor out) {
   RETURN_IF_ERROR(be.GroupedLinear(o.View(Shape{T, H * hd}), lw.o_a_proj, G, grouped));
   RETURN_IF_ERROR(be.Linear(grouped, lw.o_b_proj, out));
   // Each rank's heads give a partial output: the sum is the block's.
-  if (parallel_.distributed()) RETURN_IF_ERROR(be.AllReduceSum(out));
+  if (parallel_.reduces()) RETURN_IF_ERROR(be.AllReduceSum(out));
   return be.Mark(StepMark::kSideJoin);
 }
 
@@ -665,7 +665,7 @@ absl::Status Dsv4Model::MoeBlock(int64_t l, const Tensor& u, Tensor out) {
   // Routed experts plus the shared expert's second half, which a backend may fuse.
   RETURN_IF_ERROR(be.MoeExperts(u, idx, weights, mw, limit, out));
   // This rank's experts and shared-expert columns give a partial output: the sum is the block's.
-  if (parallel_.distributed()) RETURN_IF_ERROR(be.AllReduceSum(out));
+  if (parallel_.reduces()) RETURN_IF_ERROR(be.AllReduceSum(out));
   return absl::OkStatus();
 }
 
