@@ -98,6 +98,10 @@ class Serve final : public Command {
                  "wait for N `dsv4-node worker` ranks to register instead of spawning them");
     app.add_option("--worker-listen", tp_.listen,
                    "control-plane address HOST:PORT the worker ranks dial (default: loopback, any port)");
+    app.add_option("--data-plane", tp_.data_plane,
+                   "collectives of a tensor-parallel node: auto (NCCL when every rank has a GPU of "
+                   "its own, else Gloo)|gloo|nccl")
+        ->check(CLI::IsMember({"auto", "gloo", "nccl"}));
     app.add_option("--worker-secret-file", worker_secret_file_,
                    "shared secret the worker ranks must present (required with --external-workers; "
                    "spawned ranks get a random one)");

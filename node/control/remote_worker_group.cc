@@ -1,6 +1,7 @@
 #include "node/control/remote_worker_group.h"
 
 #include <algorithm>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "common/json_util.h"
@@ -9,6 +10,34 @@
 #include "control/plan_codec.h"
 
 namespace dsv4 {
+
+absl::StatusOr<std::string> ChooseDataPlane(const std::vector<cpb::Register>& ranks,
+                                            const std::string& wanted) {
+  if (wanted != "auto" && wanted != "gloo" && wanted != "nccl") {
+    return absl::InvalidArgumentError(absl::StrCat("--data-plane '", wanted, "': auto, gloo or nccl"));
+  }
+  if (wanted == "gloo") return std::string("gloo");
+  std::map<std::string, int> gpus;  // "host/cuda:N" -> rank
+  for (const cpb::Register& r : ranks) {
+    if (r.device().rfind("cuda:", 0) != 0) {
+      if (wanted == "nccl") {
+        return absl::InvalidArgumentError(absl::StrCat("--data-plane nccl: rank ", r.rank(),
+                                                       " runs on ", r.device(), ", not a GPU"));
+      }
+      return std::string("gloo");
+    }
+    const std::string key = absl::StrCat(r.host(), "/", r.device());
+    if (auto [it, fresh] = gpus.emplace(key, r.rank()); !fresh) {
+      if (wanted == "nccl") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--data-plane nccl: ranks ", it->second, " and ", r.rank(), " share ", key,
+            " (NCCL puts one rank on a GPU)"));
+      }
+      return std::string("gloo");
+    }
+  }
+  return std::string("nccl");
+}
 
 absl::StatusOr<std::unique_ptr<RemoteWorkerGroup>> RemoteWorkerGroup::Start(
     const RemoteGroupOptions& o) {
@@ -163,6 +192,10 @@ absl::Status RemoteWorkerGroup::Configure(const WorkerConfig& wc) {
   ASSIGN_OR_RETURN(std::string config_json, ReadFileToString(config_path, 16 << 20));
   ASSIGN_OR_RETURN(std::string token, NewRendezvousToken());
   const std::string group = absl::StrCat("tp-", ++generation_);
+  std::vector<cpb::Register> regs;
+  for (const auto& link : links_) regs.push_back(link->registration());
+  ASSIGN_OR_RETURN(const std::string data_plane, ChooseDataPlane(regs, options_.data_plane));
+  LogInfo("data_plane", {{"choice", data_plane}, {"asked", options_.data_plane}});
   RETURN_IF_ERROR(plane_->rendezvous().OpenGroup(group, options_.world_size, token));
   for (int r = 0; r < options_.world_size; ++r) {
     cpb::CoordinatorMessage m;
@@ -182,6 +215,7 @@ absl::Status RemoteWorkerGroup::Configure(const WorkerConfig& wc) {
     c->mutable_rendezvous()->set_token(token);
     c->set_enforce_eager(wc.graphs.enforce_eager);
     c->set_wide_eager_region(wc.graphs.wide_eager_region);
+    c->set_data_plane(data_plane);
     if (absl::Status s = links_[r]->Send(m); !s.ok()) return Break(s);
   }
   std::vector<cpb::WorkerMessage> replies;

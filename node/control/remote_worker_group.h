@@ -32,10 +32,18 @@ struct RemoteGroupOptions {
   bool spawn = true;                   // false: --external-workers
   std::string device = "cpu";          // the spawned ranks' --device
   std::string worker_binary = "/proc/self/exe";  // what the spawned ranks run (tests: dsv4-node)
+  std::string data_plane = "auto";     // auto|gloo|nccl (ChooseDataPlane)
   std::chrono::milliseconds register_timeout{60000};
   std::chrono::milliseconds step_timeout{120000};
   std::chrono::milliseconds load_timeout{3600000};
 };
+
+// The group's data plane from its ranks' registrations and the operator's choice (`wanted`):
+// auto takes NCCL when every rank is on a GPU of its own (distinct host and device), else Gloo
+// (GPU ranks sharing a GPU stage through host memory); nccl where that does not hold is an error
+// naming the two ranks that share a GPU.
+absl::StatusOr<std::string> ChooseDataPlane(const std::vector<cpb::Register>& ranks,
+                                            const std::string& wanted);
 
 class RemoteWorkerGroup final : public Worker {
  public:

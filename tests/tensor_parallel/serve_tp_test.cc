@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "control/secret.h"
+#include "node/control/remote_worker_group.h"
 #include "dsv4/internal/v1/worker.grpc.pb.h"
 #include "dsv4/v1/dsv4.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -130,6 +131,34 @@ grpc::health::v1::HealthCheckResponse::ServingStatus Health(int port) {
 }
 
 const std::vector<int32_t> kPrompt = {3, 17, 29, 5, 11, 40, 2, 9};
+
+internal::v1::Register Rank(int rank, const std::string& host, const std::string& device) {
+  internal::v1::Register r;
+  r.set_rank(rank);
+  r.set_host(host);
+  r.set_device(device);
+  return r;
+}
+
+// The data plane is chosen once, from the registrations: NCCL only with a GPU of its own per rank.
+TEST(DataPlane, NcclOnlyWhenEveryRankHasItsOwnGpu) {
+  using V = std::vector<internal::v1::Register>;
+  const V own = {Rank(0, "a", "cuda:0"), Rank(1, "a", "cuda:1"), Rank(2, "b", "cuda:0")};
+  const V shared = {Rank(0, "a", "cuda:0"), Rank(1, "a", "cuda:0")};
+  const V cpu = {Rank(0, "a", "cpu"), Rank(1, "b", "cpu")};
+  EXPECT_EQ(*ChooseDataPlane(own, "auto"), "nccl");
+  EXPECT_EQ(*ChooseDataPlane(own, "gloo"), "gloo");
+  EXPECT_EQ(*ChooseDataPlane(shared, "auto"), "gloo");
+  EXPECT_EQ(*ChooseDataPlane(cpu, "auto"), "gloo");
+  auto forced = ChooseDataPlane(shared, "nccl");
+  ASSERT_FALSE(forced.ok());
+  EXPECT_NE(forced.status().message().find("ranks 0 and 1 share a/cuda:0"), std::string::npos)
+      << forced.status();
+  auto on_cpu = ChooseDataPlane(cpu, "nccl");
+  ASSERT_FALSE(on_cpu.ok());
+  EXPECT_NE(on_cpu.status().message().find("rank 0 runs on cpu"), std::string::npos);
+  EXPECT_FALSE(ChooseDataPlane(own, "mpi").ok());
+}
 
 TEST(ServeTp, KilledRankEndsItsRequestsUnavailableAndTheNodeServesAgain) {
   Node n = StartServe({"--tensor-parallel-size", "2"});

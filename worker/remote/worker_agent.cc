@@ -15,6 +15,9 @@
 #include "dsv4/internal/v1/worker.grpc.pb.h"
 #include "parallel/gloo_communicator.h"
 #include "worker/in_process_worker.h"
+#include "worker/cuda_plugin.h"
+#include "parallel/rendezvous_client.h"
+#include "absl/strings/numbers.h"
 
 namespace dsv4 {
 namespace {
@@ -93,7 +96,11 @@ class Agent {
     wc.graphs.enforce_eager = c.enforce_eager();
     wc.graphs.wide_eager_region = c.wide_eager_region();
     wc.parallel = {c.rank(), c.world_size()};
-    if (c.world_size() > 1) {
+    if (c.world_size() > 1 && c.data_plane() == "nccl") {
+      RETURN_IF_ERROR(CheckTensorParallel(model, c.world_size()));
+      ASSIGN_OR_RETURN(comm_, JoinNccl(c));
+      wc.communicator = comm_.get();
+    } else if (c.world_size() > 1) {
       RETURN_IF_ERROR(CheckTensorParallel(model, c.world_size()));
       GlooOptions g;
       g.rank = c.rank();
@@ -112,6 +119,29 @@ class Agent {
     LogInfo("worker_configured", {{"rank", o_.rank}, {"world_size", o_.world_size},
                                   {"model", model.Summary()}});
     return absl::OkStatus();
+  }
+
+  // NCCL: rank 0 makes the unique id and publishes it in the coordinator's rendezvous store (the
+  // group's token guards it); every rank then forms the communicator on its GPU.
+  absl::StatusOr<std::unique_ptr<Communicator>> JoinNccl(const pb::Configure& c) {
+    int device = 0;
+    if (o_.device.rfind("cuda:", 0) != 0 || !absl::SimpleAtoi(o_.device.substr(5), &device)) {
+      return absl::InvalidArgumentError(absl::StrCat("Configure.data_plane nccl on device '",
+                                                     o_.device, "': a cuda:N device is needed"));
+    }
+    const std::string address =
+        c.rendezvous().address().empty() ? o_.coordinator : c.rendezvous().address();
+    ASSIGN_OR_RETURN(auto store, RendezvousClient::Create({address, c.rendezvous().group(),
+                                                           c.rendezvous().token()},
+                                                          c.rank(), c.world_size()));
+    std::string id;
+    if (c.rank() == 0) {
+      ASSIGN_OR_RETURN(id, NcclUniqueId());
+      RETURN_IF_ERROR(store->Set("nccl-unique-id", id, std::chrono::seconds(30)));
+    } else {
+      ASSIGN_OR_RETURN(id, store->Get("nccl-unique-id", o_.connect_timeout * 2));
+    }
+    return CreateNcclCommunicator(c.rank(), c.world_size(), id, device);
   }
 
   absl::Status LoadModel() {
@@ -181,6 +211,8 @@ absl::Status RunWorkerAgent(const WorkerAgentOptions& o) {
   r->set_build_version(o.build_version.empty() ? control::BuildVersion() : o.build_version);
   r->set_secret(o.secret);
   r->set_pid(static_cast<int32_t>(::getpid()));
+  char host[256] = {0};
+  if (::gethostname(host, sizeof(host) - 1) == 0) r->set_host(host);
   r->set_memory_bytes(static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
                       static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)));
   if (!stream->Write(reg)) return absl::UnavailableError("lost the coordinator while registering");
