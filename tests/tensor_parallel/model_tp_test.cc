@@ -63,8 +63,8 @@ TEST_P(ModelTensorParallel, SyntheticWeightsMatchOneRank) {
 INSTANTIATE_TEST_SUITE_P(Sizes, ModelTensorParallel, ::testing::Values(2, 4),
                          [](const auto& info) { return absl::StrCat("TP", info.param); });
 
-// A rank reads its own experts only: at TP2 each rank reads the whole checkpoint less the other
-// rank's experts (split projections are still read whole, then cut).
+// A rank reads its own slices only: at TP2 each rank reads the whole checkpoint less the other
+// rank's experts and its halves of the split projections.
 TEST(ModelTensorParallelReads, RanksReadTheirExpertsOnly) {
   auto config = LoadModelConfig(testing::TestData("dsv4-tiny") + "/config.json");
   ASSERT_TRUE(config.ok());
@@ -106,11 +106,19 @@ TEST(ModelTensorParallelReads, RanksReadTheirExpertsOnly) {
   std::printf("checkpoint bytes read: one rank %llu, TP2 ranks %llu + %llu\n",
               static_cast<unsigned long long>(whole), static_cast<unsigned long long>(rank_bytes[0]),
               static_cast<unsigned long long>(rank_bytes[1]));
-  // The fixture stores fp32 per-expert w1, w2, w3 of [I, D]: each rank skips the other half.
-  const uint64_t experts = static_cast<uint64_t>(config->num_layers) * config->n_routed_experts * 3 *
-                           config->moe_intermediate_size * config->hidden_size * 4;
-  EXPECT_EQ(rank_bytes[0], whole - experts / 2);
-  EXPECT_EQ(rank_bytes[1], whole - experts / 2);
+  // The fixture stores fp32 per-expert w1, w2, w3 of [I, D] and the split projections (q_b, o_a,
+  // o_b, sinks, the shared expert's three): each rank reads its half of both and all the rest.
+  const ModelConfig& c = *config;
+  const uint64_t L = static_cast<uint64_t>(c.num_layers);
+  const uint64_t experts = L * c.n_routed_experts * 3 * c.moe_intermediate_size * c.hidden_size * 4;
+  const uint64_t split =
+      L * 4 *
+      static_cast<uint64_t>(c.num_heads * c.head_dim * c.q_lora_rank +
+                            c.o_groups * c.o_lora_rank * (c.num_heads / c.o_groups) * c.head_dim +
+                            c.hidden_size * c.o_groups * c.o_lora_rank + c.num_heads +
+                            3 * c.moe_intermediate_size * c.hidden_size);
+  EXPECT_EQ(rank_bytes[0], whole - experts / 2 - split / 2);
+  EXPECT_EQ(rank_bytes[1], whole - experts / 2 - split / 2);
 }
 
 TEST(ModelTensorParallelRefusals, SizesThatDoNotSplitAreRefusedAtLoad) {

@@ -10,6 +10,9 @@
 #include "gtest/gtest.h"
 #include "kernels/quant_weights.h"
 #include "worker/checkpoint/stored_weight.h"
+#include "worker/checkpoint/weight_source.h"
+#include "tests/testing/checkpoint_writer.h"
+#include <random>
 
 namespace dsv4 {
 namespace {
@@ -82,6 +85,85 @@ TEST(WeightSlice, StoredWeightsKeepTheirFormatOnBlocksAndValuesAlways) {
     if (c.expect != WeightFormat::kDense) {
       EXPECT_LT(cut->bytes(), c.w->bytes());
     }
+  }
+}
+
+// Read-time cuts (WeightSource::Stored / F32 with a cut): the same weight as reading all of it
+// and cutting after, while reading only the cut's bytes when it falls on the format's blocks.
+TEST(WeightSlice, CheckpointReadsOnlyTheCut) {
+  std::mt19937 rng(11);
+  auto bytes = [&](size_t n, uint8_t avoid_mask, uint8_t avoid) {
+    std::vector<uint8_t> v(n);
+    for (auto& b : v) {
+      do b = static_cast<uint8_t>(rng()); while ((b & avoid_mask) == avoid);
+    }
+    return v;
+  };
+  std::vector<testing::NamedTensor> t;
+  t.push_back({"model.layers.0.self_attn.q_b_proj.weight", DType::kF8E4M3, {256, 256},
+               bytes(256 * 256, 0x7f, 0x7f)});
+  t.push_back(testing::F32Tensor("model.layers.0.self_attn.q_b_proj.weight_scale_inv", {2, 2},
+                                 {0.5f, 2.0f, 0.25f, 4.0f}));
+  t.push_back({"model.layers.0.mlp.experts.0.gate_proj.weight", DType::kU8, {64, 32},
+               bytes(64 * 32, 0, 1)});
+  t.push_back({"model.layers.0.mlp.experts.0.gate_proj.weight_scale_inv", DType::kF8E8M0, {64, 2},
+               bytes(64 * 2, 0xff, 0xff)});
+  std::vector<float> dense(48 * 40);
+  for (auto& x : dense) x = static_cast<float>(rng() % 1000) / 37.0f;
+  t.push_back(testing::F32Tensor("model.layers.0.self_attn.o_b_proj.weight", {48, 40}, dense));
+  const std::string dir = testing::TempDir("slice_ckpt");
+  testing::WriteFile(dir + "/model.safetensors", testing::SafetensorsBytes(t));
+  auto ckpt = Checkpoint::Open(dir);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  auto src = WeightSource::Create(ckpt->get());
+  ASSERT_TRUE(src.ok()) << src.status();
+  struct Case {
+    std::string name;
+    Shape shape;
+    WeightSlice cut;
+    bool reads_less;
+  };
+  const std::string fp8 = "model.layers.0.self_attn.q_b_proj.weight";
+  const std::string mx = "model.layers.0.mlp.experts.0.gate_proj.weight";
+  const std::string bf = "model.layers.0.self_attn.o_b_proj.weight";
+  const std::vector<Case> cases = {
+      {fp8, Shape{256, 256}, WeightSlice::Along(0, 128, 128), true},
+      {fp8, Shape{256, 256}, WeightSlice::Along(1, 0, 128), true},
+      {fp8, Shape{256, 256}, WeightSlice::Along(0, 64, 64), false},  // off the blocks: all, dense
+      {mx, Shape{64, 64}, WeightSlice::Along(0, 10, 20), true},
+      {mx, Shape{64, 64}, WeightSlice::Along(1, 32, 32), true},
+      {bf, Shape{48, 40}, WeightSlice::Along(0, 5, 12), true},
+      {bf, Shape{48, 40}, WeightSlice::Along(1, 8, 12), true},
+  };
+  for (const Case& c : cases) {
+    const uint64_t before_all = src->bytes_read();
+    auto all = src->Stored(c.name, c.shape);
+    ASSERT_TRUE(all.ok()) << all.status();
+    const uint64_t all_bytes = src->bytes_read() - before_all;
+    auto want = SliceStored(*all, c.cut);
+    ASSERT_TRUE(want.ok());
+    const uint64_t before = src->bytes_read();
+    auto got = src->Stored(c.name, c.shape, c.cut);
+    ASSERT_TRUE(got.ok()) << got.status();
+    const uint64_t cut_bytes = src->bytes_read() - before;
+    const std::string what = c.name + " dim " + std::to_string(c.cut.dim);
+    EXPECT_EQ(got->format, want->format) << what;
+    EXPECT_EQ(got->shape, want->shape) << what;
+    EXPECT_EQ(got->data, want->data) << what;
+    EXPECT_EQ(got->scale_f32, want->scale_f32) << what;
+    EXPECT_EQ(got->scale_e8m0, want->scale_e8m0) << what;
+    EXPECT_EQ(got->dense.f32, want->dense.f32) << what;
+    if (c.reads_less) {
+      EXPECT_LT(cut_bytes, all_bytes) << what;
+    } else {
+      EXPECT_GE(cut_bytes, all_bytes) << what;
+    }
+    // The dequantising path (--weight-format bf16) reads the same part.
+    auto f32 = src->F32(c.name, c.shape, c.cut);
+    ASSERT_TRUE(f32.ok()) << f32.status();
+    auto values = Dequantize(*want);
+    ASSERT_TRUE(values.ok());
+    EXPECT_EQ(f32->f32, values->f32) << what;
   }
 }
 

@@ -44,6 +44,45 @@ float ScaleAt(const TensorBytes& s, int64_t i) {
 
 bool IsScaleDType(DType d) { return d == DType::kF32 || d == DType::kBF16 || d == DType::kF8E8M0; }
 
+// The part of a tensor viewed as [rows, cols] (cols = all but the first dim) that a cut keeps:
+// rows [r0, r1) and columns [c0, c1). A cut along dim 0 keeps whole rows; along the last dim of a
+// matrix, a column range. Any other cut is not a region (the caller reads all and cuts after).
+struct Region {
+  int64_t rows = 0, cols = 0;
+  int64_t r0 = 0, r1 = 0, c0 = 0, c1 = 0;
+  int64_t n() const { return (r1 - r0) * (c1 - c0); }
+};
+
+bool RegionOf(Shape shape, const WeightSlice& cut, Region* out) {
+  Region g;
+  g.rows = shape.rank > 0 ? shape[0] : 1;
+  g.cols = g.rows > 0 ? shape.numel() / g.rows : 0;
+  g.r1 = g.rows;
+  g.c1 = g.cols;
+  if (!cut.whole()) {
+    if (cut.begin < 0 || cut.size < 1 || cut.dim >= shape.rank ||
+        cut.begin + cut.size > shape[cut.dim]) {
+      return false;
+    }
+    if (cut.dim == 0) {
+      g.r0 = cut.begin;
+      g.r1 = cut.begin + cut.size;
+    } else if (cut.dim == 1 && shape.rank == 2) {
+      g.c0 = cut.begin;
+      g.c1 = cut.begin + cut.size;
+    } else {
+      return false;
+    }
+  }
+  *out = g;
+  return true;
+}
+
+// Whether [b, b + n) of an extent falls on blocks of `block` (the last block may be partial).
+bool OnBlocks(int64_t b, int64_t n, int64_t extent, int64_t block) {
+  return block > 0 && b % block == 0 && (n % block == 0 || b + n == extent);
+}
+
 }  // namespace
 
 absl::StatusOr<WeightSource> WeightSource::Create(const Checkpoint* ckpt,
@@ -77,8 +116,8 @@ WeightFormat WeightSource::FormatOf(const std::string& canonical) const {
   }
 }
 
-TensorBytes WeightSource::Read(const TensorInfo& info) {
-  bytes_read_ += info.nbytes;
+TensorBytes WeightSource::Read(const TensorInfo& info, int64_t bytes) {
+  bytes_read_ += static_cast<uint64_t>(bytes);
   return ckpt_->Bytes(info);
 }
 
@@ -89,17 +128,29 @@ const TensorInfo* WeightSource::Lookup(const std::string& canonical) {
   return it->second;
 }
 
-absl::StatusOr<HostTensor> WeightSource::Convert(const std::string& canonical, Shape shape) {
+absl::StatusOr<HostTensor> WeightSource::Convert(const std::string& canonical, Shape shape,
+                                                 const WeightSlice& cut) {
   const TensorInfo* info = Lookup(canonical);
   if (info == nullptr) {
     return absl::NotFoundError(absl::StrCat("checkpoint tensor ", canonical, " is missing"));
   }
+  Region g;
+  if (!RegionOf(shape, cut, &g)) {
+    // Not a row or column range: all of it, then the cut.
+    ASSIGN_OR_RETURN(HostTensor all, Convert(canonical, shape, WeightSlice{}));
+    return SliceHost(all, cut, canonical);
+  }
+  ASSIGN_OR_RETURN(const Shape kept, SlicedShape(shape, cut, canonical));
   HostTensor out;
   out.dtype = DType::kF32;
-  out.shape = shape;
-  out.f32.resize(static_cast<size_t>(shape.numel()));
-  const TensorBytes bytes = Read(*info);
-  const int64_t n = shape.numel();
+  out.shape = kept;
+  out.f32.resize(static_cast<size_t>(g.n()));
+  const bool packed = info->dtype == DType::kI8 || info->dtype == DType::kU8;  // MXFP4 nibbles
+  const TensorBytes bytes =
+      Read(*info, packed ? g.n() / 2 : g.n() * static_cast<int64_t>(DTypeSize(info->dtype)));
+  const int64_t kc = g.c1 - g.c0;
+  // Element (r, c) of the region, r and c in the whole tensor's [rows, cols] view.
+  auto put = [&](int64_t r, int64_t c, float v) { out.f32[(r - g.r0) * kc + (c - g.c0)] = v; };
   auto mismatch = [&] {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint tensor ", info->name, " (",
                                                    canonical, ") has shape ",
@@ -112,10 +163,13 @@ absl::StatusOr<HostTensor> WeightSource::Convert(const std::string& canonical, S
     case DType::kBF16:
     case DType::kF16: {
       if (!SameShape(info->shape, shape)) return mismatch();
-      for (int64_t i = 0; i < n; ++i) {
-        out.f32[i] = info->dtype == DType::kF32    ? ReadAt<float>(bytes.data, i)
-                     : info->dtype == DType::kBF16 ? Bf16ToF32(ReadAt<uint16_t>(bytes.data, i))
-                                                   : F16ToF32(ReadAt<uint16_t>(bytes.data, i));
+      for (int64_t r = g.r0; r < g.r1; ++r) {
+        for (int64_t c = g.c0; c < g.c1; ++c) {
+          const int64_t i = r * g.cols + c;
+          put(r, c, info->dtype == DType::kF32    ? ReadAt<float>(bytes.data, i)
+                    : info->dtype == DType::kBF16 ? Bf16ToF32(ReadAt<uint16_t>(bytes.data, i))
+                                                  : F16ToF32(ReadAt<uint16_t>(bytes.data, i)));
+        }
       }
       return out;
     }
@@ -136,11 +190,10 @@ absl::StatusOr<HostTensor> WeightSource::Convert(const std::string& canonical, S
                                                        AV(DTypeName(sinfo->dtype)), "; expected [", sr,
                                                        ", ", sc, "] of F32/BF16/F8_E8M0"));
       }
-      const TensorBytes sbytes = Read(*sinfo);
-      for (int64_t r = 0; r < shape[0]; ++r) {
-        for (int64_t c = 0; c < shape[1]; ++c) {
-          out.f32[r * shape[1] + c] = F8E4M3ToF32(bytes.data[r * shape[1] + c]) *
-                                      ScaleAt(sbytes, (r / br) * sc + c / bc);
+      const TensorBytes sbytes = Read(*sinfo, static_cast<int64_t>(sinfo->nbytes));
+      for (int64_t r = g.r0; r < g.r1; ++r) {
+        for (int64_t c = g.c0; c < g.c1; ++c) {
+          put(r, c, F8E4M3ToF32(bytes.data[r * shape[1] + c]) * ScaleAt(sbytes, (r / br) * sc + c / bc));
         }
       }
       return out;
@@ -160,13 +213,12 @@ absl::StatusOr<HostTensor> WeightSource::Convert(const std::string& canonical, S
                                                        " needs a scale ", scale_name, " of shape [",
                                                        shape[0], ", ", shape[1] / 32, "]"));
       }
-      const TensorBytes sbytes = Read(*sinfo);
-      for (int64_t r = 0; r < shape[0]; ++r) {
-        for (int64_t c = 0; c < shape[1]; ++c) {
+      const TensorBytes sbytes = Read(*sinfo, (g.r1 - g.r0) * ((g.c1 - g.c0 + 31) / 32));
+      for (int64_t r = g.r0; r < g.r1; ++r) {
+        for (int64_t c = g.c0; c < g.c1; ++c) {
           const uint8_t byte = bytes.data[r * (shape[1] / 2) + c / 2];
           const uint8_t nibble = (c % 2 == 0) ? (byte & 0xf) : (byte >> 4);
-          out.f32[r * shape[1] + c] =
-              E2M1ToF32(nibble) * ScaleAt(sbytes, r * (shape[1] / 32) + c / 32);
+          put(r, c, E2M1ToF32(nibble) * ScaleAt(sbytes, r * (shape[1] / 32) + c / 32));
         }
       }
       return out;
@@ -178,8 +230,9 @@ absl::StatusOr<HostTensor> WeightSource::Convert(const std::string& canonical, S
   }
 }
 
-absl::StatusOr<HostTensor> WeightSource::F32(const std::string& canonical, Shape shape) {
-  ASSIGN_OR_RETURN(HostTensor out, Convert(canonical, shape));
+absl::StatusOr<HostTensor> WeightSource::F32(const std::string& canonical, Shape shape,
+                                             const WeightSlice& cut) {
+  ASSIGN_OR_RETURN(HostTensor out, Convert(canonical, shape, cut));
   // A NaN or Inf weight poisons every logit it reaches; refuse the checkpoint at load. The scan
   // reads values the conversion just wrote (docs/cpu-engine.md has its cost).
   int64_t bad = 0, first = -1;
@@ -199,19 +252,28 @@ absl::StatusOr<HostTensor> WeightSource::F32(const std::string& canonical, Shape
   return out;
 }
 
-absl::StatusOr<StoredWeight> WeightSource::Stored(const std::string& canonical, Shape shape) {
+absl::StatusOr<StoredWeight> WeightSource::Stored(const std::string& canonical, Shape shape,
+                                                  const WeightSlice& cut) {
   const TensorInfo* info = Lookup(canonical);
   if (info == nullptr) {
     return absl::NotFoundError(absl::StrCat("checkpoint tensor ", canonical, " is missing"));
   }
+  ASSIGN_OR_RETURN(const Shape kept, SlicedShape(shape, cut, canonical));
   StoredWeight out;
   out.name = canonical;
-  out.shape = shape;
+  out.shape = kept;
   if (info->dtype == DType::kF32 || info->dtype == DType::kBF16 || info->dtype == DType::kF16) {
-    ASSIGN_OR_RETURN(out.dense, F32(canonical, shape));
+    ASSIGN_OR_RETURN(out.dense, F32(canonical, shape, cut));
     return out;
   }
-  const TensorBytes bytes = Read(*info);
+  // A quantised cut off its blocks: all of it, then the cut (SliceStored dequantises it).
+  auto whole_then_cut = [&]() -> absl::StatusOr<StoredWeight> {
+    ASSIGN_OR_RETURN(StoredWeight all, Stored(canonical, shape, WeightSlice{}));
+    return SliceStored(std::move(all), cut);
+  };
+  Region g;
+  if (!RegionOf(shape, cut, &g)) return whole_then_cut();
+  const TensorBytes bytes = ckpt_->Bytes(*info);  // counted below, by what is copied
   const int64_t rows = shape.rank == 2 ? shape[0] : 0, cols = shape.rank == 2 ? shape[1] : 0;
   auto where = [&] { return absl::StrCat("checkpoint tensor ", info->name, " (", canonical, ")"); };
   const std::string scale_name = absl::StrCat(canonical, "_scale_inv");
@@ -226,6 +288,10 @@ absl::StatusOr<StoredWeight> WeightSource::Stored(const std::string& canonical, 
     }
     const int64_t br = fp8_block_[0], bc = fp8_block_[1];
     const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
+    if (!cut.whole() && !(cut.dim == 0 ? OnBlocks(cut.begin, cut.size, rows, br)
+                                       : OnBlocks(cut.begin, cut.size, cols, bc))) {
+      return whole_then_cut();
+    }
     if (sinfo == nullptr) {
       return absl::NotFoundError(absl::StrCat("FP8 ", where(), " has no scale (", scale_name, ")"));
     }
@@ -238,16 +304,28 @@ absl::StatusOr<StoredWeight> WeightSource::Stored(const std::string& canonical, 
     out.format = WeightFormat::kFp8Block;
     out.block_rows = static_cast<int32_t>(br);
     out.block_cols = static_cast<int32_t>(bc);
-    out.part_rows = rows;
-    out.data.assign(bytes.data, bytes.data + rows * cols);
+    out.part_rows = g.r1 - g.r0;
+    // The region's codes, row by row, and its blocks' scales.
+    const int64_t kc = g.c1 - g.c0;
+    out.data.resize(static_cast<size_t>(g.n()));
+    for (int64_t r = g.r0; r < g.r1; ++r) {
+      std::memcpy(out.data.data() + (r - g.r0) * kc, bytes.data + r * cols + g.c0, static_cast<size_t>(kc));
+    }
+    bytes_read_ += static_cast<uint64_t>(g.n());
     int64_t nan_codes = 0;
     for (uint8_t b : out.data) nan_codes += (b & 0x7f) == 0x7f;
-    const TensorBytes sbytes = Read(*sinfo);
-    out.scale_f32.resize(static_cast<size_t>(sr * sc));
+    const TensorBytes sbytes = ckpt_->Bytes(*sinfo);
+    const int64_t s_r0 = g.r0 / br, s_r1 = (g.r1 + br - 1) / br;
+    const int64_t s_c0 = g.c0 / bc, s_c1 = (g.c1 + bc - 1) / bc;
+    out.scale_f32.resize(static_cast<size_t>((s_r1 - s_r0) * (s_c1 - s_c0)));
+    bytes_read_ += static_cast<uint64_t>(out.scale_f32.size()) * DTypeSize(sinfo->dtype);
     int64_t bad_scales = 0;
-    for (int64_t i = 0; i < sr * sc; ++i) {
-      out.scale_f32[i] = ScaleAt(sbytes, i);
-      bad_scales += !std::isfinite(out.scale_f32[i]);
+    for (int64_t r = s_r0; r < s_r1; ++r) {
+      for (int64_t c = s_c0; c < s_c1; ++c) {
+        float& v = out.scale_f32[(r - s_r0) * (s_c1 - s_c0) + (c - s_c0)];
+        v = ScaleAt(sbytes, r * sc + c);
+        bad_scales += !std::isfinite(v);
+      }
     }
     if (nan_codes > 0 || bad_scales > 0) {
       return absl::InvalidArgumentError(absl::StrCat(where(), " holds ", nan_codes,
@@ -270,12 +348,24 @@ absl::StatusOr<StoredWeight> WeightSource::Stored(const std::string& canonical, 
                                                                        ShapeString(sinfo->shape), " ",
                                                                        AV(DTypeName(sinfo->dtype)))));
     }
+    if (!cut.whole() && cut.dim == 1 && !OnBlocks(cut.begin, cut.size, cols, 32)) {
+      return whole_then_cut();
+    }
     out.format = WeightFormat::kMxfp4;
     out.block_rows = 1;
     out.block_cols = 32;
-    out.data.assign(bytes.data, bytes.data + rows * cols / 2);
-    const TensorBytes sbytes = Read(*sinfo);
-    out.scale_e8m0.assign(sbytes.data, sbytes.data + rows * cols / 32);
+    // The region's rows, each its byte range of nibbles and its range of group scales.
+    const int64_t kb = (g.c1 - g.c0) / 2, ks = (g.c1 - g.c0) / 32, nr = g.r1 - g.r0;
+    const TensorBytes sbytes = ckpt_->Bytes(*sinfo);
+    out.data.resize(static_cast<size_t>(nr * kb));
+    out.scale_e8m0.resize(static_cast<size_t>(nr * ks));
+    for (int64_t r = g.r0; r < g.r1; ++r) {
+      std::memcpy(out.data.data() + (r - g.r0) * kb, bytes.data + r * (cols / 2) + g.c0 / 2,
+                  static_cast<size_t>(kb));
+      std::memcpy(out.scale_e8m0.data() + (r - g.r0) * ks, sbytes.data + r * (cols / 32) + g.c0 / 32,
+                  static_cast<size_t>(ks));
+    }
+    bytes_read_ += static_cast<uint64_t>(out.data.size() + out.scale_e8m0.size());
     int64_t nan_scales = 0;
     for (uint8_t b : out.scale_e8m0) nan_scales += b == 255;
     if (nan_scales > 0) {
@@ -303,7 +393,7 @@ absl::StatusOr<HostTensor> WeightSource::I32(const std::string& canonical, Shape
   out.dtype = DType::kI32;
   out.shape = shape;
   out.i32.resize(static_cast<size_t>(shape.numel()));
-  const TensorBytes bytes = Read(*info);
+  const TensorBytes bytes = Read(*info, static_cast<int64_t>(info->nbytes));
   for (int64_t i = 0; i < shape.numel(); ++i) {
     const int64_t v = info->dtype == DType::kI64 ? ReadAt<int64_t>(bytes.data, i)
                                                  : ReadAt<int32_t>(bytes.data, i);

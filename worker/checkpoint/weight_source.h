@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "worker/checkpoint/safetensors.h"
 #include "worker/checkpoint/stored_weight.h"
+#include "worker/checkpoint/weight_slice.h"
 #include "worker/model/tensor.h"
 
 namespace dsv4 {
@@ -32,12 +33,19 @@ class WeightSource {
   WeightFormat FormatOf(const std::string& canonical) const;
   // Loads `canonical` as fp32 with exactly `shape`; errors name the tensor. Non-finite values
   // (NaN, Inf) are an error: the checkpoint is corrupt.
-  absl::StatusOr<HostTensor> F32(const std::string& canonical, Shape shape);
+  // With `cut` (a rank's part), only that part is read: whole rows of a dim-0 cut, the columns
+  // of a matrix's dim-1 cut; the result has the cut's shape.
+  absl::StatusOr<HostTensor> F32(const std::string& canonical, Shape shape,
+                                 const WeightSlice& cut = {});
   // `canonical` as stored, logical shape exactly `shape`: F32/BF16/F16 as fp32 values, FP8 e4m3
   // with its block scales (as fp32), MXFP4 (I8/U8 nibbles) with its UE8M0 scales. Errors name the
   // tensor: a missing or misshapen scale, a dtype that is no weight, a block size the shape does
   // not fit, non-finite values (NaN codes, a NaN or infinite scale).
-  absl::StatusOr<StoredWeight> Stored(const std::string& canonical, Shape shape);
+  // With `cut`, only that part is read where it falls on the format's blocks (FP8: block rows or
+  // columns; MXFP4: any rows, columns in 32s); a cut off the blocks reads all and comes back
+  // dequantised (SliceStored).
+  absl::StatusOr<StoredWeight> Stored(const std::string& canonical, Shape shape,
+                                      const WeightSlice& cut = {});
   // Loads an integer tensor (I64 or I32) as int32 with exactly `shape`.
   absl::StatusOr<HostTensor> I32(const std::string& canonical, Shape shape);
   // Checkpoint tensors never loaded (excluding ignored MTP tensors), by original name.
@@ -49,8 +57,9 @@ class WeightSource {
 
  private:
   const TensorInfo* Lookup(const std::string& canonical);
-  TensorBytes Read(const TensorInfo& info);
-  absl::StatusOr<HostTensor> Convert(const std::string& canonical, Shape shape);
+  // The tensor's mapped bytes; `bytes` (what the caller will touch) is added to bytes_read().
+  TensorBytes Read(const TensorInfo& info, int64_t bytes);
+  absl::StatusOr<HostTensor> Convert(const std::string& canonical, Shape shape, const WeightSlice& cut);
 
   const Checkpoint* ckpt_ = nullptr;
   std::vector<int64_t> fp8_block_;

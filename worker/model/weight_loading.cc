@@ -15,19 +15,24 @@ std::string L(int64_t layer, std::string_view suffix) {
   return absl::StrCat("model.layers.", layer, ".", AV(suffix));
 }
 
-absl::StatusOr<StoredWeight> ApplyCuts(StoredWeight w, const WeightCuts& cuts) {
-  for (const WeightSlice& s : cuts) {
-    ASSIGN_OR_RETURN(w, SliceStored(std::move(w), s));
+absl::StatusOr<StoredWeight> ApplyCuts(StoredWeight w, const WeightCuts& cuts, size_t from = 0) {
+  for (size_t i = from; i < cuts.size(); ++i) {
+    ASSIGN_OR_RETURN(w, SliceStored(std::move(w), cuts[i]));
   }
   return w;
 }
 
-absl::StatusOr<HostTensor> ApplyCuts(HostTensor t, const WeightCuts& cuts, const std::string& name) {
-  for (const WeightSlice& s : cuts) {
-    ASSIGN_OR_RETURN(t, SliceHost(t, s, name));
+absl::StatusOr<HostTensor> ApplyCuts(HostTensor t, const WeightCuts& cuts, const std::string& name,
+                                     size_t from = 0) {
+  for (size_t i = from; i < cuts.size(); ++i) {
+    ASSIGN_OR_RETURN(t, SliceHost(t, cuts[i], name));
   }
   return t;
 }
+
+// The first cut is read from the checkpoint as such (only that part is read); the rest are
+// applied after.
+WeightSlice FirstCut(const WeightCuts& cuts) { return cuts.empty() ? WeightSlice{} : cuts.front(); }
 
 absl::StatusOr<Tensor> ToBackend(Backend* backend, const StoredWeight& w, WeightUse use) {
   if (w.format == WeightFormat::kDense) return backend->CreateWeight(w.dense, use);
@@ -76,12 +81,12 @@ class CheckpointWeights final : public WeightFactory {
   absl::StatusOr<Tensor> Get(const std::string& name, Shape shape, WeightUse use,
                              const WeightCuts& cuts) override {
     if (keep_formats_ && use == WeightUse::kMatrix) {
-      ASSIGN_OR_RETURN(StoredWeight stored, src_->Stored(name, shape));
-      ASSIGN_OR_RETURN(stored, ApplyCuts(std::move(stored), cuts));
+      ASSIGN_OR_RETURN(StoredWeight stored, src_->Stored(name, shape, FirstCut(cuts)));
+      ASSIGN_OR_RETURN(stored, ApplyCuts(std::move(stored), cuts, 1));
       return ToBackend(backend_, stored, use);
     }
-    ASSIGN_OR_RETURN(HostTensor host, src_->F32(name, shape));
-    ASSIGN_OR_RETURN(host, ApplyCuts(std::move(host), cuts, name));
+    ASSIGN_OR_RETURN(HostTensor host, src_->F32(name, shape, FirstCut(cuts)));
+    ASSIGN_OR_RETURN(host, ApplyCuts(std::move(host), cuts, name, 1));
     return backend_->CreateWeight(host, use);
   }
   absl::StatusOr<Tensor> Stack(const std::vector<std::string>& names, Shape part, Shape shape,
@@ -94,8 +99,8 @@ class CheckpointWeights final : public WeightFactory {
       std::vector<StoredWeight> parts;
       parts.reserve(static_cast<size_t>(count));
       for (int64_t i = begin; i < begin + count; ++i) {
-        ASSIGN_OR_RETURN(StoredWeight p, src_->Stored(names[i], part));
-        ASSIGN_OR_RETURN(p, ApplyCuts(std::move(p), slice.part_cuts));
+        ASSIGN_OR_RETURN(StoredWeight p, src_->Stored(names[i], part, FirstCut(slice.part_cuts)));
+        ASSIGN_OR_RETURN(p, ApplyCuts(std::move(p), slice.part_cuts, 1));
         parts.push_back(std::move(p));
       }
       ASSIGN_OR_RETURN(StoredWeight all, StackParts(std::move(parts), kept));
@@ -104,8 +109,8 @@ class CheckpointWeights final : public WeightFactory {
     HostTensor all{DType::kF32, kept, {}, {}};
     all.f32.reserve(static_cast<size_t>(kept.numel()));
     for (int64_t i = begin; i < begin + count; ++i) {
-      ASSIGN_OR_RETURN(HostTensor t, src_->F32(names[i], part));
-      ASSIGN_OR_RETURN(t, ApplyCuts(std::move(t), slice.part_cuts, names[i]));
+      ASSIGN_OR_RETURN(HostTensor t, src_->F32(names[i], part, FirstCut(slice.part_cuts)));
+      ASSIGN_OR_RETURN(t, ApplyCuts(std::move(t), slice.part_cuts, names[i], 1));
       all.f32.insert(all.f32.end(), t.f32.begin(), t.f32.end());
     }
     return backend_->CreateWeight(all, use);
