@@ -55,6 +55,37 @@ CacheConfig FromProto(const pb::CacheLayout& c) {
   return out;
 }
 
+void ToProto(const WorkerConfig& wc, const std::string& config_json, pb::Configure* out) {
+  out->set_config_json(config_json);
+  out->set_model_dir(wc.model_dir);
+  out->set_synthetic(wc.synthetic);
+  out->set_synthetic_seed(wc.synthetic_seed);
+  out->set_source(wc.source);
+  out->set_precision(wc.precision);
+  out->set_weight_format(wc.weight_format);
+  out->set_threads(wc.threads);
+  ToProto(wc.cache, out->mutable_cache());
+  out->set_enforce_eager(wc.graphs.enforce_eager);
+  out->set_wide_eager_region(wc.graphs.wide_eager_region);
+}
+
+absl::StatusOr<WorkerConfig> FromProto(const pb::Configure& c) {
+  WorkerConfig wc;
+  ASSIGN_OR_RETURN(wc.model, ParseModelConfig(c.config_json()));
+  wc.precision = c.precision();
+  wc.weight_format = c.weight_format();
+  wc.threads = c.threads();
+  wc.model_dir = c.model_dir();
+  wc.synthetic = c.synthetic();
+  wc.synthetic_seed = c.synthetic_seed();
+  wc.source = c.source();
+  wc.cache = FromProto(c.cache());
+  wc.graphs.enforce_eager = c.enforce_eager();
+  wc.graphs.wide_eager_region = c.wide_eager_region();
+  wc.parallel = {c.rank(), c.world_size()};
+  return wc;
+}
+
 void ToProto(const StepPlan& plan, pb::Step* out) {
   out->set_step_id(plan.step_id);
   const int n = static_cast<int>(plan.seqs.size());

@@ -11,6 +11,7 @@
 #include "common/cache_config.h"
 #include "common/step_plan.h"
 #include "dsv4/internal/v1/worker.pb.h"
+#include "worker/worker.h"
 
 namespace dsv4::control {
 
@@ -21,6 +22,13 @@ SamplingSpec FromProto(const pb::Sampling& s);
 
 void ToProto(const CacheConfig& c, pb::CacheLayout* out);
 CacheConfig FromProto(const pb::CacheLayout& c);
+
+// The worker configuration every rank shares (Configure without the rank's own fields: rank,
+// world size, rendezvous, data plane). `config_json` is the model's config.json text.
+void ToProto(const WorkerConfig& wc, const std::string& config_json, pb::Configure* out);
+// The configuration a Configure message describes: the config text parsed (errors name its
+// field), the layout from its rank and world size; no communicator yet.
+absl::StatusOr<WorkerConfig> FromProto(const pb::Configure& c);
 
 // The plan without per-request data: the caller adds Step.requests for requests the ranks have
 // not seen (SamplingSpecs travel once).

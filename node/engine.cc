@@ -431,15 +431,20 @@ void Engine::WorkerFailed(uint64_t step, const absl::Status& status) {
            {{"step", static_cast<int64_t>(step)}, {"error", std::string(status.message())}});
   if (metrics_) {
     metrics_->worker_errors->Increment();
-    const std::vector<bool> up = worker_->ranks_up();
-    for (size_t r = 0; r < up.size(); ++r) metrics_->WorkerUp(static_cast<int>(r)).Set(0);
+    PublishRanksUp(/*failed=*/true);
   }
   TendBrokenWorker();
 }
 
-void Engine::RecordRanks(const StepResult& result) {
+void Engine::PublishRanksUp(bool failed) {
   const std::vector<bool> up = worker_->ranks_up();
-  for (size_t r = 0; r < up.size(); ++r) metrics_->WorkerUp(static_cast<int>(r)).Set(up[r] ? 1 : 0);
+  for (size_t r = 0; r < up.size(); ++r) {
+    metrics_->WorkerUp(static_cast<int>(r)).Set(!failed && up[r] ? 1 : 0);
+  }
+}
+
+void Engine::RecordRanks(const StepResult& result) {
+  PublishRanksUp(/*failed=*/false);
   if (result.rank_seconds.empty()) {
     metrics_->WorkerStepSeconds(0).Observe(result.execute_seconds);
     metrics_->WorkerCollectiveSeconds(0).Observe(result.collective_seconds);
@@ -474,10 +479,7 @@ void Engine::TendBrokenWorker() {
   }
   reported_broken_ = false;
   LogInfo("worker_recovered", {});
-  if (metrics_) {
-    const std::vector<bool> up = worker_->ranks_up();
-    for (size_t r = 0; r < up.size(); ++r) metrics_->WorkerUp(static_cast<int>(r)).Set(up[r] ? 1 : 0);
-  }
+  if (metrics_) PublishRanksUp(/*failed=*/false);
   if (config_.on_worker_health) config_.on_worker_health(true, absl::OkStatus());
 }
 

@@ -165,6 +165,8 @@ class Engine {
   bool LaunchStep(StepPlan plan, Clock::time_point t0);
   // A broken worker: reports it once, then tries Recover() every recover_interval.
   void TendBrokenWorker();
+  // dsv4_worker_up per rank: the worker's ranks_up(), or 0 for every rank after a failed step.
+  void PublishRanksUp(bool failed);
   // Per-rank metrics of a collected step.
   void RecordRanks(const StepResult& result);
   // Collects the oldest launched step and streams its tokens.

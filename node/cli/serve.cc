@@ -182,11 +182,6 @@ class Serve final : public Command {
     return absl::OkStatus();
   }
 
-  static RemoteGroupOptions SingleRank() {
-    RemoteGroupOptions o;
-    o.world_size = 1;
-    return o;
-  }
   // --tensor-parallel-size N > 1: the engine's worker is a group of N worker processes.
   absl::Status UseWorkerGroup() {
     if (tp_.world_size == 1) {
@@ -216,7 +211,7 @@ class Serve final : public Command {
 
   ModelFlags flags_;
   NodeOptions o_;
-  RemoteGroupOptions tp_ = SingleRank();
+  RemoteGroupOptions tp_;  // world_size 1: the in-process worker
   bool external_workers_ = false;
   std::string worker_secret_file_;
   std::string port_file_;

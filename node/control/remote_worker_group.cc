@@ -200,21 +200,11 @@ absl::Status RemoteWorkerGroup::Configure(const WorkerConfig& wc) {
   for (int r = 0; r < options_.world_size; ++r) {
     cpb::CoordinatorMessage m;
     cpb::Configure* c = m.mutable_configure();
-    c->set_config_json(config_json);
-    c->set_model_dir(wc.model_dir);
-    c->set_synthetic(wc.synthetic);
-    c->set_synthetic_seed(wc.synthetic_seed);
-    c->set_source(wc.source);
-    c->set_precision(wc.precision);
-    c->set_weight_format(wc.weight_format);
-    c->set_threads(wc.threads);
-    control::ToProto(wc.cache, c->mutable_cache());
+    control::ToProto(wc, config_json, c);
     c->set_rank(r);
     c->set_world_size(options_.world_size);
     c->mutable_rendezvous()->set_group(group);  // the address: the one the worker dialed
     c->mutable_rendezvous()->set_token(token);
-    c->set_enforce_eager(wc.graphs.enforce_eager);
-    c->set_wide_eager_region(wc.graphs.wide_eager_region);
     c->set_data_plane(data_plane);
     if (absl::Status s = links_[r]->Send(m); !s.ok()) return Break(s);
   }
@@ -277,10 +267,11 @@ absl::StatusOr<StepResult> RemoteWorkerGroup::Execute(const StepPlan& plan) {
   std::vector<cpb::WorkerMessage> replies;
   RETURN_IF_ERROR(Broadcast(m, cpb::WorkerMessage::kStepDone, options_.step_timeout, {}, &replies));
   auto decoded = control::FromProto(replies[0].step_done());
-  if (!decoded.ok()) return Break(absl::Status(decoded.status().code(), absl::StrCat("rank 0: ", decoded.status().message())));
+  if (!decoded.ok()) {
+    return Break(absl::Status(decoded.status().code(),
+                              absl::StrCat("rank 0: ", decoded.status().message())));
+  }
   StepResult result = std::move(*decoded);
-  rank_seconds_.clear();
-  result.rank_collective_seconds.clear();
   double slowest = 0;
   for (const auto& r : replies) {
     if (r.step_done().step_id() != plan.step_id) {
@@ -288,15 +279,13 @@ absl::StatusOr<StepResult> RemoteWorkerGroup::Execute(const StepPlan& plan) {
                                                     r.step_done().step_id(), " for step ",
                                                     plan.step_id)));
     }
-    rank_seconds_.push_back(r.step_done().execute_seconds());
+    result.rank_seconds.push_back(r.step_done().execute_seconds());
     result.rank_collective_seconds.push_back(r.step_done().collective_seconds());
     slowest = std::max(slowest, r.step_done().execute_seconds());
   }
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  overhead_seconds_ = std::max(0.0, wall - slowest);
   result.execute_seconds = wall;
-  result.rank_seconds = rank_seconds_;
-  result.control_seconds = overhead_seconds_;
+  result.control_seconds = std::max(0.0, wall - slowest);
   return result;
 }
 

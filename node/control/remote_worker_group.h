@@ -26,7 +26,7 @@
 namespace dsv4 {
 
 struct RemoteGroupOptions {
-  int world_size = 2;
+  int world_size = 1;                  // Start() needs at least 2
   std::string listen = "127.0.0.1:0";  // the control plane (and rendezvous) address
   std::string secret;                  // shared secret (spawned ranks get it on stdin)
   bool spawn = true;                   // false: --external-workers
@@ -68,10 +68,6 @@ class RemoteWorkerGroup final : public Worker {
   int control_port() const { return plane_->port(); }
   // The spawned ranks' process ids (rank order; empty for external workers).
   std::vector<pid_t> rank_pids();
-  // Per-rank step timings of the last step (seconds) and the coordinator's round trip beyond
-  // the slowest rank.
-  const std::vector<double>& last_rank_seconds() const { return rank_seconds_; }
-  double last_overhead_seconds() const { return overhead_seconds_; }
 
  private:
   absl::Status SpawnRanks();
@@ -86,8 +82,6 @@ class RemoteWorkerGroup final : public Worker {
   WorkerInfo info_;
   absl::Status broken_;
   std::set<uint64_t> announced_;  // requests whose sampling spec the ranks hold
-  std::vector<double> rank_seconds_;
-  double overhead_seconds_ = 0;
   int stage_ = 0;  // 0 started, 1 configured, 2 loaded, 3 ready, 4 shut down
 
   // Sends `m` to every rank, then waits on each for a message of `want`; LoadProgress messages

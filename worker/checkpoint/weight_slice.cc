@@ -35,6 +35,10 @@ Split SplitAt(const Shape& s, int dim) {
 
 }  // namespace
 
+bool OnBlocks(int64_t begin, int64_t size, int64_t extent, int64_t block) {
+  return block > 0 && begin % block == 0 && (size % block == 0 || begin + size == extent);
+}
+
 absl::StatusOr<Shape> SlicedShape(Shape shape, const WeightSlice& slice, const std::string& name) {
   if (slice.whole()) return shape;
   if (slice.dim >= shape.rank || slice.begin < 0 || slice.size < 1 ||
@@ -72,8 +76,7 @@ absl::StatusOr<StoredWeight> SliceStored(StoredWeight w, const WeightSlice& slic
   const bool matrix = w.shape.rank == 2 && (w.format != WeightFormat::kFp8Block ||
                                            w.part_rows == 0 || w.part_rows == w.rows());
   const int64_t align = slice.dim == 0 ? w.block_rows : w.block_cols;
-  const bool aligned = matrix && align > 0 && slice.begin % align == 0 &&
-                       (slice.size % align == 0 || slice.begin + slice.size == w.shape[slice.dim]);
+  const bool aligned = matrix && OnBlocks(slice.begin, slice.size, w.shape[slice.dim], align);
   if (!aligned) {
     // Off the blocks: the exact values, dense.
     ASSIGN_OR_RETURN(HostTensor values, Dequantize(w));

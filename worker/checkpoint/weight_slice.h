@@ -23,6 +23,10 @@ struct WeightSlice {
   static WeightSlice Along(int dim, int64_t begin, int64_t size) { return {dim, begin, size}; }
 };
 
+// Whether [begin, begin + size) of an extent falls on blocks of `block` (the last block may be
+// partial): where a quantised weight can be cut without leaving its format.
+bool OnBlocks(int64_t begin, int64_t size, int64_t extent, int64_t block);
+
 // `shape` with `slice` applied; InvalidArgument when the slice is outside it.
 absl::StatusOr<Shape> SlicedShape(Shape shape, const WeightSlice& slice, const std::string& name);
 

@@ -78,11 +78,6 @@ bool RegionOf(Shape shape, const WeightSlice& cut, Region* out) {
   return true;
 }
 
-// Whether [b, b + n) of an extent falls on blocks of `block` (the last block may be partial).
-bool OnBlocks(int64_t b, int64_t n, int64_t extent, int64_t block) {
-  return block > 0 && b % block == 0 && (n % block == 0 || b + n == extent);
-}
-
 }  // namespace
 
 absl::StatusOr<WeightSource> WeightSource::Create(const Checkpoint* ckpt,

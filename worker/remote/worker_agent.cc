@@ -82,58 +82,41 @@ class Agent {
                                                      c.world_size(), "; this is rank ", o_.rank,
                                                      " of ", o_.world_size));
     }
-    ASSIGN_OR_RETURN(ModelConfig model, ParseModelConfig(c.config_json()));
-    WorkerConfig wc;
-    wc.precision = c.precision();
-    wc.weight_format = c.weight_format();
-    wc.threads = c.threads();
-    wc.model_dir = c.model_dir();
-    wc.synthetic = c.synthetic();
-    wc.synthetic_seed = c.synthetic_seed();
-    wc.source = c.source();
-    wc.model = model;
-    wc.cache = control::FromProto(c.cache());
-    wc.graphs.enforce_eager = c.enforce_eager();
-    wc.graphs.wide_eager_region = c.wide_eager_region();
-    wc.parallel = {c.rank(), c.world_size()};
-    if (c.world_size() > 1 && c.data_plane() == "nccl") {
-      RETURN_IF_ERROR(CheckTensorParallel(model, c.world_size()));
-      ASSIGN_OR_RETURN(comm_, JoinNccl(c));
-      wc.communicator = comm_.get();
-    } else if (c.world_size() > 1) {
-      RETURN_IF_ERROR(CheckTensorParallel(model, c.world_size()));
-      GlooOptions g;
-      g.rank = c.rank();
-      g.world_size = c.world_size();
-      g.hostname = o_.data_plane_host;
-      g.name = "tp";
-      const std::string address =
-          c.rendezvous().address().empty() ? o_.coordinator : c.rendezvous().address();
-      ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Connect(
-                                      g, {address, c.rendezvous().group(), c.rendezvous().token()}));
-      comm_ = std::move(comm);
+    ASSIGN_OR_RETURN(WorkerConfig wc, control::FromProto(c));
+    if (c.world_size() > 1) {
+      RETURN_IF_ERROR(CheckTensorParallel(wc.model, c.world_size()));
+      ASSIGN_OR_RETURN(comm_, JoinGroup(c));
       wc.communicator = comm_.get();
     }
     ASSIGN_OR_RETURN(worker_, o_.factory ? o_.factory(o_.device) : CreateInProcessWorker(o_.device));
     RETURN_IF_ERROR(worker_->Configure(wc));
     LogInfo("worker_configured", {{"rank", o_.rank}, {"world_size", o_.world_size},
-                                  {"model", model.Summary()}});
+                                  {"model", wc.model.Summary()}});
     return absl::OkStatus();
   }
 
-  // NCCL: rank 0 makes the unique id and publishes it in the coordinator's rendezvous store (the
-  // group's token guards it); every rank then forms the communicator on its GPU.
-  absl::StatusOr<std::unique_ptr<Communicator>> JoinNccl(const pb::Configure& c) {
+  // The group's communicator, on the data plane the coordinator chose, formed through its
+  // rendezvous store (the address the rank dialed unless Configure names another). NCCL: rank 0
+  // makes the unique id and publishes it there (the group's token guards it).
+  absl::StatusOr<std::unique_ptr<Communicator>> JoinGroup(const pb::Configure& c) {
+    const RendezvousEndpoint endpoint{
+        c.rendezvous().address().empty() ? o_.coordinator : c.rendezvous().address(),
+        c.rendezvous().group(), c.rendezvous().token()};
+    if (c.data_plane() != "nccl") {
+      GlooOptions g;
+      g.rank = c.rank();
+      g.world_size = c.world_size();
+      g.hostname = o_.data_plane_host;
+      g.name = "tp";
+      ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Connect(g, endpoint));
+      return std::unique_ptr<Communicator>(std::move(comm));
+    }
     int device = 0;
     if (o_.device.rfind("cuda:", 0) != 0 || !absl::SimpleAtoi(o_.device.substr(5), &device)) {
       return absl::InvalidArgumentError(absl::StrCat("Configure.data_plane nccl on device '",
                                                      o_.device, "': a cuda:N device is needed"));
     }
-    const std::string address =
-        c.rendezvous().address().empty() ? o_.coordinator : c.rendezvous().address();
-    ASSIGN_OR_RETURN(auto store, RendezvousClient::Create({address, c.rendezvous().group(),
-                                                           c.rendezvous().token()},
-                                                          c.rank(), c.world_size()));
+    ASSIGN_OR_RETURN(auto store, RendezvousClient::Create(endpoint, c.rank(), c.world_size()));
     std::string id;
     if (c.rank() == 0) {
       ASSIGN_OR_RETURN(id, NcclUniqueId());
