@@ -1,4 +1,5 @@
-// The DeepSeek-V4 chat format (DeepSeek's encoding_dsv32, architecture.md §5):
+// The DeepSeek-V4 chat format of the gRPC chat input (architecture.md §5), rendered by
+// node/chat/dsv4_encoding.h:
 //
 //   <｜begin▁of▁sentence｜>{system}<｜User｜>{user}<｜Assistant｜></think>{answer}<｜end▁of▁sentence｜>
 //   <｜User｜>{user}<｜Assistant｜><think>            (thinking on: generation starts reasoning)
@@ -6,7 +7,7 @@
 //
 // Past assistant turns keep only their answer: any reasoning up to their last </think> is dropped.
 // The rendered text is tokenized as a whole, so special-token spellings inside messages become
-// special tokens, as with the reference template.
+// special tokens, as with the reference encoder.
 #pragma once
 
 #include <string>

@@ -129,9 +129,14 @@ NodeMetrics::NodeMetrics(std::shared_ptr<prometheus::Registry> registry)
                           .Name("dsv4_requests_rejected_total")
                           .Help("Requests refused before admission, by reason")
                           .Register(reg);
-  for (const char* r : {"invalid_argument", "queue_full", "client_limit", "draining", "not_ready"}) {
+  for (const char* r : {"invalid_argument", "queue_full", "client_limit", "draining", "not_ready",
+                        "unauthenticated"}) {
     Rejected(r);
   }
+  http_family_ = &BuildCounter()
+                      .Name("dsv4_http_responses_total")
+                      .Help("Answers of the OpenAI-compatible HTTP API, by endpoint and HTTP status")
+                      .Register(reg);
   step_family_ = &BuildHistogram()
                       .Name("dsv4_step_duration_seconds")
                       .Help("Duration of one engine step (schedule, execute, outputs) by the graph "
@@ -146,6 +151,10 @@ NodeMetrics::NodeMetrics(std::shared_ptr<prometheus::Registry> registry)
 
 prometheus::Counter& NodeMetrics::Rejected(const std::string& reason) {
   return rejected_family_->Add({{"reason", reason}});
+}
+
+prometheus::Counter& NodeMetrics::HttpResponses(const std::string& endpoint, int status) {
+  return http_family_->Add({{"endpoint", endpoint}, {"code", std::to_string(status)}});
 }
 
 prometheus::Histogram& NodeMetrics::StepDuration(const char* graph_mode) {

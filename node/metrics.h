@@ -27,6 +27,8 @@ class NodeMetrics {
     return *finished_[static_cast<int>(reason)][static_cast<int>(phase)];
   }
   prometheus::Counter& Rejected(const std::string& reason);
+  // The HTTP API's answers (node/openai): endpoint "/v1/chat/completions", code "200".
+  prometheus::Counter& HttpResponses(const std::string& endpoint, int status);
   prometheus::Histogram& StepDuration(const char* graph_mode);
 
   prometheus::Counter* runaways;            // LENGTH while reasoning or with empty content
@@ -68,6 +70,7 @@ class NodeMetrics {
   std::shared_ptr<prometheus::Registry> registry_;
   std::array<std::array<prometheus::Counter*, 2>, 5> finished_{};
   prometheus::Family<prometheus::Counter>* rejected_family_;
+  prometheus::Family<prometheus::Counter>* http_family_;
   prometheus::Family<prometheus::Histogram>* step_family_;
   std::array<prometheus::Histogram*, 3> step_duration_{};
   prometheus::Family<prometheus::Gauge>* worker_up_family_;

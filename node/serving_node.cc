@@ -83,8 +83,29 @@ absl::Status ServingNode::StartListeners(const NodeOptions& o) {
   go.tls = tls;
   go.max_concurrent_streams = o.max_concurrent_streams;
   ASSIGN_OR_RETURN(grpc_, GrpcServer::Start(go, service_.get()));
+  if (!o.http_listen.empty()) {
+    ASSIGN_OR_RETURN(const ListenAddress http_at, ParseListenAddress("--http-listen", o.http_listen));
+    openai::OpenAiOptions ho;
+    ho.http.host = http_at.host;
+    ho.http.port = http_at.port;
+    ho.http.tls = tls;
+    ho.http.threads = 2;
+    ho.http.max_connections = o.http_max_connections;
+    ho.http.max_connections_per_client = std::max(1, o.http_max_connections / 4);
+    ho.http.max_body_bytes = o.http_max_body_bytes;
+    // A keep-alive connection may wait between requests as long as a client's pool keeps it.
+    ho.http.idle_timeout = std::chrono::seconds(120);
+    ho.api_key = o.api_key;
+    ho.max_requests_per_client = admission.max_requests_per_client;
+    ho.threads = std::max(1, o.admission.tokenizer_threads);
+    ho.queue = std::max(o.max_waiting, 64);
+    auto http = openai::OpenAiServer::Start(std::move(ho), metrics_.get());
+    if (!http.ok()) return Annotate(http.status(), "--http-listen");
+    openai_ = std::move(*http);
+  }
   LogInfo("listening", {{"grpc_port", grpc_->port()},
                         {"metrics_port", metrics_server_->port()},
+                        {"http_port", openai_ ? openai_->port() : 0},
                         {"tls", tls == nullptr ? "off" : tls->mutual() ? "mutual" : "on"}});
   return absl::OkStatus();
 }
@@ -221,8 +242,7 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
     const bool serving = healthy && !self->engine_->draining();
     LogEvent(healthy ? LogLevel::kInfo : LogLevel::kError, healthy ? "worker_healthy" : "worker_unhealthy",
              {{"detail", healthy ? std::string("serving again") : std::string(why.message())}});
-    if (self->grpc_) self->grpc_->SetServing(serving);
-    if (self->metrics_) self->metrics_->ready->Set(serving ? 1 : 0);
+    self->SetServing(serving);
   };
   // worker_graphs=false (the CPU worker) means every step runs eagerly whatever the mode says.
   LogInfo("cuda_graphs", {{"mode", CudaGraphModeName(graphs.mode)},
@@ -237,8 +257,8 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
   n->runtime_.tokenizer = n->tokenizer_.get();
   RETURN_IF_ERROR(n->WarmUp(mc.bos_token_id));
   n->service_->Attach(&n->runtime_);
-  n->grpc_->SetServing(true);
-  n->metrics_->ready->Set(1);
+  if (n->openai_) n->openai_->Attach(&n->runtime_);
+  n->SetServing(true);
   LogInfo("serving",
           {{"model", n->runtime_.model_info.model_name()},
            {"load_seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()},
@@ -250,9 +270,14 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
 
 ServingNode::~ServingNode() { Shutdown(); }
 
+void ServingNode::SetServing(bool serving) {
+  if (grpc_) grpc_->SetServing(serving);
+  if (openai_) openai_->SetServing(serving);
+  if (metrics_) metrics_->ready->Set(serving ? 1 : 0);
+}
+
 bool ServingNode::Drain(std::chrono::milliseconds timeout) {
-  if (grpc_) grpc_->SetServing(false);
-  if (metrics_) metrics_->ready->Set(0);
+  SetServing(false);
   if (!engine_) return true;
   engine_->BeginDrain();
   if (engine_->WaitIdle(timeout)) return true;
@@ -266,6 +291,7 @@ void ServingNode::Shutdown() {
   // The tokenizer queue first (what waits there is refused; it uses the engine), then the
   // server (its calls end), then the engine.
   if (service_) service_->Shutdown();
+  if (openai_) openai_->Shutdown();
   if (grpc_) grpc_->Shutdown(std::chrono::milliseconds(2000));
   grpc_.reset();
   if (engine_) engine_->Stop();

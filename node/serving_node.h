@@ -13,6 +13,7 @@
 #include "node/engine.h"
 #include "node/http/metrics_server.h"
 #include "node/metrics.h"
+#include "node/openai/openai_server.h"
 #include "node/repetition.h"
 #include "node/server/grpc_server.h"
 #include "node/server/service.h"
@@ -34,6 +35,11 @@ struct NodeOptions {
   std::string tokenizer_path;       // "" = <model_dir>/tokenizer.json
   std::string listen = "0.0.0.0:50051";
   std::string metrics_listen = "0.0.0.0:9464";
+  // The OpenAI-compatible HTTP API (node/openai): "" = off. Same TLS files as gRPC.
+  std::string http_listen;
+  std::string api_key;                  // "" = no key; else `Authorization: Bearer <key>`
+  int32_t http_max_connections = 4096;  // 1024 from one client address
+  uint64_t http_max_body_bytes = 8 << 20;
   std::string served_model_name;   // "" = the model directory's name
   // TLS on the gRPC API and, unless metrics_plaintext, on the metrics listener.
   TlsFiles tls;
@@ -70,6 +76,7 @@ class ServingNode {
 
   int grpc_port() const { return grpc_->port(); }
   int metrics_port() const { return metrics_server_->port(); }
+  int http_port() const { return openai_ ? openai_->port() : 0; }
   http::ServerStats metrics_stats() const { return metrics_server_->stats(); }
   Engine& engine() { return *engine_; }
   NodeMetrics& metrics() { return *metrics_; }
@@ -90,6 +97,8 @@ class ServingNode {
   // The listeners (health NOT_SERVING) and the model's runtime limits, in Start's order.
   absl::Status StartListeners(const NodeOptions& o);
   absl::Status WarmUp(int64_t bos_token_id);
+  // Health of every API (grpc.health.v1, GET /health, dsv4_ready).
+  void SetServing(bool serving);
   void FillModelInfo(const NodeOptions& o, const ModelConfig& mc, const WorkerInfo& winfo,
                      const std::string& tokenizer_path);
 
@@ -99,6 +108,7 @@ class ServingNode {
   std::unique_ptr<MetricsServer> metrics_server_;
   std::unique_ptr<Dsv4Service> service_;
   std::unique_ptr<GrpcServer> grpc_;
+  std::unique_ptr<openai::OpenAiServer> openai_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<Engine> engine_;
   ServingRuntime runtime_;

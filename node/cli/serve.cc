@@ -1,5 +1,5 @@
-// dsv4-node serve: the serving node. gRPC (dsv4.v1 + health + reflection) and Prometheus on their
-// own ports; ready only after the model is loaded and a warm-up request ran; SIGTERM/SIGINT
+// dsv4-node serve: the serving node. gRPC (dsv4.v1 + health + reflection), Prometheus and (with
+// --http-listen) the OpenAI-compatible HTTP API on their own ports; ready only after the model is loaded and a warm-up request ran; SIGTERM/SIGINT
 // drain: stop accepting, let in-flight requests finish within --drain-timeout, cancel the rest,
 // exit 0 (repeated signals: shutdown_signals.h).
 #include <fcntl.h>
@@ -35,7 +35,21 @@ class Serve final : public Command {
     app.add_option("--listen", o_.listen, "gRPC address HOST:PORT (port 0 = any free port)");
     app.add_option("--metrics-listen", o_.metrics_listen, "Prometheus /metrics address HOST:PORT");
     app.add_option("--port-file", port_file_,
-                   "write {\"grpc\": PORT, \"metrics\": PORT} here once listening");
+                   "write {\"grpc\": PORT, \"metrics\": PORT, \"http\": PORT} here once "
+                   "listening (http 0 without --http-listen)");
+    app.add_option("--http-listen", o_.http_listen,
+                   "OpenAI-compatible HTTP API address HOST:PORT (/v1/chat/completions, "
+                   "/v1/completions, /v1/models, /health); off unless given; TLS with --tls-*");
+    app.add_option("--api-key-file", api_key_file_,
+                   "file holding the HTTP API's key: requests without `Authorization: Bearer "
+                   "<key>` get 401");
+    app.add_option("--http-max-connections", o_.http_max_connections,
+                   "open connections to the HTTP API (a quarter from one address); idle ones are "
+                   "closed to make room")
+        ->check(CLI::Range(1, 1 << 20));
+    app.add_option("--http-max-body-bytes", o_.http_max_body_bytes,
+                   "largest HTTP API request body; larger ones get 413")
+        ->check(CLI::Range(uint64_t{1024}, uint64_t{1} << 30));
     app.add_option("--max-model-len", o_.max_model_len,
                    "longest sequence (0 = the model's limit, capped at 8192)")
         ->check(CLI::Range(0, 1 << 30));
@@ -123,7 +137,7 @@ class Serve final : public Command {
     }
     if (!port_file_.empty()) {
       // Writable before minutes of loading, not after.
-      if (absl::Status s = WritePortFile(-1, -1); !s.ok()) return Fail(s);
+      if (absl::Status s = WritePortFile(-1, -1, -1); !s.ok()) return Fail(s);
     }
     o_.synthetic_config = flags_.synthetic_config;
     o_.seed = flags_.seed;
@@ -134,13 +148,23 @@ class Serve final : public Command {
     o_.block_size = flags_.block_size;
     o_.force_indexer_scoring = flags_.force_indexer_scoring;
     if (absl::Status s = UseWorkerGroup(); !s.ok()) return Fail(s);
+    if (!api_key_file_.empty()) {
+      if (o_.http_listen.empty()) {
+        return Fail(absl::InvalidArgumentError("--api-key-file needs --http-listen"));
+      }
+      auto key = control::ReadSecretFile(api_key_file_, "--api-key-file");
+      if (!key.ok()) return Fail(key.status());
+      o_.api_key = *key;
+    }
     o_.repetition_mode = repetition_action_ == "stop"   ? RepetitionMode::kStop
                          : repetition_action_ == "off" ? RepetitionMode::kOff
                                                        : RepetitionMode::kObserve;
     auto node = ServingNode::Start(o_);
     if (!node.ok()) return Fail(node.status());
     if (!port_file_.empty()) {
-      if (absl::Status s = WritePortFile((*node)->grpc_port(), (*node)->metrics_port()); !s.ok()) {
+      if (absl::Status s = WritePortFile((*node)->grpc_port(), (*node)->metrics_port(),
+                                         (*node)->http_port());
+          !s.ok()) {
         (*node)->Shutdown();
         return Fail(s);
       }
@@ -159,16 +183,17 @@ class Serve final : public Command {
   }
 
  private:
-  // Writes {"grpc": G, "metrics": M} to --port-file atomically (a temporary file renamed); with
-  // negative ports it only checks that the file can be written.
-  absl::Status WritePortFile(int grpc, int metrics) const {
+  // Writes {"grpc": G, "metrics": M, "http": H} to --port-file atomically (a temporary file
+  // renamed); with negative ports it only checks that the file can be written.
+  absl::Status WritePortFile(int grpc, int metrics, int http) const {
     const std::string tmp = port_file_ + ".tmp";
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("--port-file: cannot write ", tmp, ": ", std::strerror(errno)));
     }
-    const std::string text = absl::StrCat("{\"grpc\": ", grpc, ", \"metrics\": ", metrics, "}\n");
+    const std::string text = absl::StrCat("{\"grpc\": ", grpc, ", \"metrics\": ", metrics,
+                                          ", \"http\": ", http, "}\n");
     const bool wrote = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
     const bool closed = ::close(fd) == 0;
     if (grpc < 0) {
@@ -214,6 +239,7 @@ class Serve final : public Command {
   RemoteGroupOptions tp_;  // world_size 1: the in-process worker
   bool external_workers_ = false;
   std::string worker_secret_file_;
+  std::string api_key_file_;
   std::string port_file_;
   std::string repetition_action_ = "observe";
   double drain_timeout_s_ = 30;
@@ -227,7 +253,7 @@ std::unique_ptr<Command> AddServe(CLI::App& app, WorkerFactory workers) {
 
 std::vector<CommandSpec> CoordinatorCommands(WorkerFactory workers) {
   return {
-      {"serve", "run the serving node (gRPC + Prometheus)",
+      {"serve", "run the serving node (gRPC, Prometheus, the OpenAI-compatible HTTP API)",
        [workers](CLI::App& app) { return AddServe(app, workers); }},
       {"client", "stream one generation from a running node", AddClient},
       {"loadgen", "closed-loop load against a running node", AddLoadgen},

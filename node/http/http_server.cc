@@ -52,15 +52,51 @@ const Handler* Router::Find(std::string_view method, std::string_view path,
   return method == "HEAD" ? get : nullptr;
 }
 
+// One answer in progress: whether the client is still there, and who to tell when it is not.
+// Shared by the session (its I/O) and the request's responder (the handler's thread).
+struct Answer {
+  std::mutex mu;
+  std::function<void()> on_gone;
+  std::atomic<bool> gone{false};
+  std::atomic<uint64_t> waiting_bytes{0};  // streamed bytes not yet written to the socket
+  bool complete = false;                    // the whole answer was written (session strand only)
+
+  void SetOnGone(std::function<void()> f) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!gone.load()) {
+        on_gone = std::move(f);
+        return;
+      }
+    }
+    f();
+  }
+  void MarkGone() {
+    std::function<void()> f;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (gone.exchange(true)) return;
+      f.swap(on_gone);
+    }
+    if (f) f();
+  }
+};
+
 class SessionBase {
  public:
-  explicit SessionBase(std::string address) : address(std::move(address)) {}
+  SessionBase(std::string address, net::any_io_executor strand)
+      : address(std::move(address)), strand(std::move(strand)) {}
   virtual ~SessionBase() = default;
   virtual void Start() = 0;
-  virtual void Write(Response response) = 0;
+  // These run on the session's strand; callers post them there (in order).
+  virtual void Write(std::shared_ptr<Answer> answer, Response response) = 0;
+  virtual void WriteHead(std::shared_ptr<Answer> answer, Response head) = 0;
+  virtual void WriteChunk(std::shared_ptr<Answer> answer, std::string chunk) = 0;
+  virtual void WriteEnd(std::shared_ptr<Answer> answer) = 0;
   virtual void Close() = 0;
 
   const std::string address;         // the client's IP address
+  const net::any_io_executor strand;  // the connection's: its handlers never run concurrently
   std::atomic<bool> reading{false};  // waiting for (the rest of) a request: may be evicted
   std::atomic<bool> closing{false};  // chosen for eviction, or closed by Stop
 };
@@ -96,26 +132,72 @@ Response ErrorResponse(int status, std::string_view message) {
   return r;
 }
 
-// Answers a request once; holds its session (and the core under it) until then.
+// Answers a request once, whole or streamed; holds its session (and the core under it) until
+// then. Everything it sends is posted to the session's strand, so chunks keep their order.
 class SessionResponder final : public Responder {
  public:
-  SessionResponder(std::shared_ptr<Core> core, std::shared_ptr<SessionBase> session)
-      : core_(std::move(core)), session_(std::move(session)) {}
+  SessionResponder(std::shared_ptr<Core> core, std::shared_ptr<SessionBase> session,
+                   std::shared_ptr<Answer> answer)
+      : core_(std::move(core)), session_(std::move(session)), answer_(std::move(answer)) {}
   ~SessionResponder() override {
-    if (session_) Respond(ErrorResponse(500, "internal error: the handler gave no response"));
+    if (!session_) return;
+    if (streaming_) {
+      End();
+    } else {
+      Respond(ErrorResponse(500, "internal error: the handler gave no response"));
+    }
   }
   void Respond(Response response) override {
     std::shared_ptr<SessionBase> s = std::move(session_);
-    if (!s) return;
+    if (!s || streaming_) return;
+    Post(s, [s, a = answer_, r = std::move(response)]() mutable { s->Write(a, std::move(r)); });
+  }
+  void StartStream(Response head) override {
+    if (!session_ || streaming_) return;
+    streaming_ = true;
+    answer_->waiting_bytes.fetch_add(head.body.size());
+    Post(session_, [s = session_, a = answer_, h = std::move(head)]() mutable {
+      s->WriteHead(a, std::move(h));
+    });
+  }
+  bool Send(std::string chunk) override {
+    if (!session_ || !streaming_ || answer_->gone.load()) return false;
+    if (chunk.empty()) return true;
+    const uint64_t waiting = answer_->waiting_bytes.fetch_add(chunk.size()) + chunk.size();
+    if (waiting > core_->options.max_stream_buffer_bytes) {
+      // The client does not read: cut it off rather than buffer without end.
+      answer_->MarkGone();
+      session_->Close();
+      return false;
+    }
+    Post(session_, [s = session_, a = answer_, c = std::move(chunk)]() mutable {
+      s->WriteChunk(a, std::move(c));
+    });
+    return true;
+  }
+  void End() override {
+    std::shared_ptr<SessionBase> s = std::move(session_);
+    if (!s || !streaming_) return;
+    Post(s, [s, a = answer_]() { s->WriteEnd(a); });
+  }
+  void OnClientGone(std::function<void()> on_gone) override {
+    answer_->SetOnGone(std::move(on_gone));
+  }
+  bool client_gone() const override { return answer_->gone.load(); }
+
+ private:
+  template <class F>
+  void Post(const std::shared_ptr<SessionBase>& s, F&& f) {
     // Under the core's mutex: once Stop() has set `stopping`, nothing more is queued.
     std::lock_guard<std::mutex> lock(core_->mu);
     if (core_->stopping.load()) return;
-    net::post(core_->ioc, [s, r = std::move(response)]() mutable { s->Write(std::move(r)); });
+    net::post(s->strand, std::forward<F>(f));
   }
 
- private:
   std::shared_ptr<Core> core_;  // declared first: destroyed after the session it carries
   std::shared_ptr<SessionBase> session_;
+  std::shared_ptr<Answer> answer_;
+  bool streaming_ = false;
 };
 
 // One connection: read a request, dispatch it, write its response, repeat while keep-alive. The
@@ -124,7 +206,7 @@ template <class Stream>
 class Session final : public SessionBase, public std::enable_shared_from_this<Session<Stream>> {
  public:
   Session(std::shared_ptr<Core> core, Stream stream, std::string peer, std::string address)
-      : SessionBase(std::move(address)),
+      : SessionBase(std::move(address), beast::get_lowest_layer(stream).get_executor()),
         core_(std::move(core)),
         stream_(std::move(stream)),
         peer_(std::move(peer)) {}
@@ -149,18 +231,50 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
 
   void Close() override {
     closing.store(true);
-    net::post(Lowest().get_executor(), [self = this->shared_from_this()] {
+    net::post(strand, [self = this->shared_from_this()] {
       beast::error_code ignored;
       self->Lowest().socket().close(ignored);
     });
   }
 
-  void Write(Response r) override {
-    // On the session's strand (Responder posts to the io_context; hop onto the strand).
-    net::dispatch(Lowest().get_executor(),
-                  [self = this->shared_from_this(), r = std::move(r)]() mutable {
-                    self->DoWrite(std::move(r));
-                  });
+  void Write(std::shared_ptr<Answer> answer, Response r) override {
+    if (answer != answer_) return;
+    DoWrite(std::move(r));
+  }
+
+  void WriteHead(std::shared_ptr<Answer> answer, Response head) override {
+    if (answer != answer_ || answer->gone.load()) return;
+    auto res = std::make_shared<bhttp::response<bhttp::empty_body>>();
+    res->version(11);
+    res->result(static_cast<unsigned>(head.status));
+    res->set(bhttp::field::server, "dsv4-node");
+    res->set(bhttp::field::content_type, head.content_type);
+    for (auto& [k, v] : head.headers) res->set(k, v);
+    keep_alive_ = keep_alive_ && !core_->stopping.load();
+    res->keep_alive(keep_alive_);
+    res->chunked(true);
+    core_->requests.fetch_add(1);
+    auto serializer = std::make_shared<bhttp::response_serializer<bhttp::empty_body>>(*res);
+    if (!head.body.empty()) stream_queue_.push_back(std::move(head.body));
+    stream_writing_ = true;
+    Lowest().expires_after(core_->options.request_timeout);
+    bhttp::async_write_header(
+        stream_, *serializer,
+        [self = this->shared_from_this(), res, serializer](beast::error_code ec, size_t) {
+          self->OnStreamWritten(ec, 0);
+        });
+  }
+
+  void WriteChunk(std::shared_ptr<Answer> answer, std::string chunk) override {
+    if (answer != answer_) return;
+    stream_queue_.push_back(std::move(chunk));
+    PumpStream();
+  }
+
+  void WriteEnd(std::shared_ptr<Answer> answer) override {
+    if (answer != answer_) return;
+    stream_end_ = true;
+    PumpStream();
   }
 
  private:
@@ -203,6 +317,9 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   void Dispatch(bhttp::request<bhttp::string_body> req) {
     ++requests_;
     keep_alive_ = req.keep_alive();
+    answer_ = std::make_shared<Answer>();
+    stream_queue_.clear();
+    stream_end_ = false;
     Request r;
     r.method = std::string(req.method_string());
     head_ = r.method == "HEAD";
@@ -224,13 +341,37 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
       not_allowed.headers.emplace_back("Allow", allow);
       return DoWrite(std::move(not_allowed));
     }
-    auto responder = std::make_shared<SessionResponder>(core_, this->shared_from_this());
+    WatchForClose(answer_);
+    auto responder = std::make_shared<SessionResponder>(core_, this->shared_from_this(), answer_);
     try {
       (*handler)(r, std::move(responder));
     } catch (const std::exception& e) {
       LogError("http_handler_failed", {{"server", core_->options.name}, {"error", e.what()}});
       // The responder was moved into the handler; if it dropped it, it answered 500 already.
     }
+  }
+
+  // While an answer is pending, a plain-TCP connection that becomes readable with nothing to
+  // read was closed by the client: tell the answer (its request is then aborted). Readable with
+  // data is a pipelined request: left for Read() once this answer is written. The wait consumes
+  // nothing, so a stale one (its answer complete) is harmless.
+  void WatchForClose(const std::shared_ptr<Answer>& answer) {
+    if constexpr (kTls) return;
+    Lowest().socket().async_wait(
+        tcp::socket::wait_read, [self = this->shared_from_this(), answer](beast::error_code ec) {
+          if (answer->complete) return;
+          if (!ec) {
+            beast::error_code avail_ec;
+            if (self->Lowest().socket().available(avail_ec) > 0 && !avail_ec) return;
+          }
+          self->ClientGone(answer);
+        });
+  }
+
+  void ClientGone(const std::shared_ptr<Answer>& answer) {
+    answer->MarkGone();
+    beast::error_code ignored;
+    Lowest().socket().close(ignored);
   }
 
   // A request that cannot be served: answer and close.
@@ -254,11 +395,50 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     core_->requests.fetch_add(1);
     Lowest().expires_after(core_->options.request_timeout);
     bhttp::async_write(stream_, *res,
-                       [self = this->shared_from_this(), res, keep](beast::error_code ec, size_t) {
-                         if (ec) return;
+                       [self = this->shared_from_this(), res, keep,
+                        answer = answer_](beast::error_code ec, size_t) {
+                         if (ec) {
+                           if (answer) answer->MarkGone();
+                           return;
+                         }
+                         if (answer) answer->complete = true;
                          if (keep) return self->Read();
                          self->Shutdown();
                        });
+  }
+
+  // Writes what the stream has queued as one chunk, or the last chunk once End() came.
+  void PumpStream() {
+    if (stream_writing_ || answer_ == nullptr || answer_->gone.load()) return;
+    Lowest().expires_after(core_->options.request_timeout);
+    if (!stream_queue_.empty()) {
+      auto data = std::make_shared<std::string>();
+      for (std::string& c : stream_queue_) data->append(c);
+      stream_queue_.clear();
+      stream_writing_ = true;
+      net::async_write(stream_, bhttp::make_chunk(net::buffer(*data)),
+                       [self = this->shared_from_this(), data](beast::error_code ec, size_t) {
+                         self->OnStreamWritten(ec, data->size());
+                       });
+      return;
+    }
+    if (!stream_end_) return;
+    stream_writing_ = true;
+    net::async_write(stream_, bhttp::make_chunk_last(),
+                     [self = this->shared_from_this()](beast::error_code ec, size_t) {
+                       self->stream_writing_ = false;
+                       if (ec) return self->answer_->MarkGone();
+                       self->answer_->complete = true;
+                       if (self->keep_alive_ && !self->core_->stopping.load()) return self->Read();
+                       self->Shutdown();
+                     });
+  }
+
+  void OnStreamWritten(beast::error_code ec, size_t bytes) {
+    stream_writing_ = false;
+    answer_->waiting_bytes.fetch_sub(bytes);
+    if (ec) return ClientGone(answer_);
+    PumpStream();
   }
 
   void Shutdown() {
@@ -282,6 +462,11 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   uint64_t requests_ = 0;
   bool keep_alive_ = false;
   bool head_ = false;
+  // The answer in progress (null before the first request) and its streamed chunks.
+  std::shared_ptr<Answer> answer_;
+  std::vector<std::string> stream_queue_;
+  bool stream_writing_ = false;
+  bool stream_end_ = false;
 };
 
 void Accept(const std::shared_ptr<Core>& core);

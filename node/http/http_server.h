@@ -46,12 +46,27 @@ struct Response {
   std::vector<std::pair<std::string, std::string>> headers;
 };
 
-// Given to a handler with its request: answer exactly once, from any thread. A responder dropped
-// without an answer answers 500.
+// Given to a handler with its request: answer exactly once, from any thread, either whole
+// (Respond) or streamed (StartStream, Send..., End). A responder dropped without an answer answers
+// 500; one dropped mid-stream ends the stream.
 class Responder {
  public:
   virtual ~Responder() = default;
   virtual void Respond(Response response) = 0;
+  // A streamed answer (server-sent events): the head goes out with chunked transfer encoding (its
+  // body, when not empty, is the first chunk), then every Send() is one chunk, in order, and End()
+  // closes the body; the connection then serves its next request. Send() returns false once the
+  // client is gone (what it was given is dropped). A client that does not read is cut off when
+  // `max_stream_buffer_bytes` wait for it or a write makes no progress for `request_timeout`.
+  virtual void StartStream(Response head) = 0;
+  virtual bool Send(std::string chunk) = 0;
+  virtual void End() = 0;
+  // `on_gone` runs once, on an I/O thread, when the client closes its connection (or is cut off)
+  // before the answer is complete; at once when it already did. Plain TCP notices a close while
+  // the answer is pending; TLS (where the close cannot be told from more data without reading it)
+  // notices it at the next write that fails.
+  virtual void OnClientGone(std::function<void()> on_gone) = 0;
+  virtual bool client_gone() const = 0;
 };
 
 using Handler = std::function<void(const Request& request, std::shared_ptr<Responder> responder)>;
@@ -83,6 +98,7 @@ struct ServerOptions {
   std::chrono::milliseconds idle_timeout{30000};
   uint32_t max_header_bytes = 16 << 10;
   uint64_t max_body_bytes = 1 << 20;
+  uint64_t max_stream_buffer_bytes = 8 << 20;  // a streamed answer's bytes waiting for the client
   const TlsCredentials* tls = nullptr;  // null: plain HTTP
 };
 
