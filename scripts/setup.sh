@@ -58,7 +58,7 @@ fi
 
 # npm packages of the test tools (pinned by their package-lock.json files).
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-for dir in tests/node_client deploy/validate; do
+for dir in tests/node_client tests/openai_client deploy/validate; do
   cd "$ROOT/$dir"
   if [ ! -d node_modules ] || [ package-lock.json -nt node_modules ]; then
     npm ci --no-audit --no-fund --loglevel=error

@@ -1,7 +1,9 @@
 // dsv4-node loadgen: a closed-loop load generator against a running node. For each concurrency
-// level, N client threads each keep one Generate stream open at a time until the level's request
-// count is done; reports requests/s, generated tokens/s, and TTFT / ITL percentiles measured on
-// the client side.
+// level, N client threads each keep one stream open at a time until the level's request count is
+// done; reports requests/s, generated tokens/s, and TTFT / ITL percentiles measured on the client
+// side. The stream is a gRPC Generate call, or with --http a streamed POST /v1/completions of the
+// OpenAI-compatible API with the same token-id prompt (one server-sent event per engine chunk),
+// so that both APIs are measured on the same node and load.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -13,9 +15,11 @@
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
+#include <nlohmann/json.hpp>
 
 #include "dsv4/v1/dsv4.grpc.pb.h"
 #include "node/cli/commands.h"
+#include "node/http/sse_client.h"
 
 namespace dsv4::cli {
 namespace {
@@ -39,11 +43,32 @@ class Loadgen final : public Command {
     app.add_option("--prompt-len", prompt_len_, "prompt tokens")->check(CLI::Range(1, 1 << 20));
     app.add_option("--max-tokens", max_tokens_, "tokens per request")->check(CLI::Range(1, 1 << 20));
     app.add_option("--vocab", vocab_, "token ids are drawn from [9, vocab)")->check(CLI::Range(10, 1 << 24));
+    app.add_option("--http", http_,
+                   "HOST:PORT of the OpenAI-compatible API: stream POST /v1/completions instead of "
+                   "gRPC Generate");
   }
 
   int Run() override {
     auto channel = grpc::CreateChannel(target_, grpc::InsecureChannelCredentials());
-    std::printf("target=%s prompt_len=%d max_tokens=%d (ignore_eos, greedy)\n", target_.c_str(),
+    if (!http_.empty()) {
+      const size_t colon = http_.rfind(':');
+      if (colon == std::string::npos) {
+        std::fprintf(stderr, "error: --http must be HOST:PORT\n");
+        return 2;
+      }
+      http_host_ = http_.substr(0, colon);
+      http_port_ = std::atoi(http_.c_str() + colon + 1);
+      auto models = http::SseClient(http_host_, http_port_).Get("/v1/models");
+      const auto j = nlohmann::json::parse(models.ok() ? *models : "", nullptr, false);
+      if (!models.ok() || !j.is_object() || !j.contains("data") || j["data"].empty()) {
+        std::fprintf(stderr, "error: GET /v1/models on %s failed: %s\n", http_.c_str(),
+                     models.ok() ? "no model" : std::string(models.status().message()).c_str());
+        return 1;
+      }
+      model_ = j["data"][0].value("id", "");
+    }
+    std::printf("target=%s api=%s prompt_len=%d max_tokens=%d (ignore_eos, greedy)\n",
+                http_.empty() ? target_.c_str() : http_.c_str(), http_.empty() ? "grpc" : "http",
                 prompt_len_, max_tokens_);
     std::printf("%5s %6s %10s %10s %10s %10s %10s %10s %7s\n", "conc", "reqs", "req/s", "tok/s",
                 "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "errors");
@@ -64,30 +89,15 @@ class Loadgen final : public Command {
           auto stub = v1::Dsv4::NewStub(channel);
           std::mt19937 rng(1000 + w);
           std::vector<double> my_ttft, my_itl;
+          http::SseClient sse(http_host_, http_port_);
           while (next.fetch_add(1) < total) {
-            v1::GenerateRequest req;
+            std::vector<int32_t> prompt;
             for (int i = 0; i < prompt_len_; ++i) {
-              req.mutable_token_ids()->add_ids(9 + static_cast<int32_t>(rng() % (vocab_ - 9)));
+              prompt.push_back(9 + static_cast<int32_t>(rng() % (vocab_ - 9)));
             }
-            req.set_max_tokens(max_tokens_);
-            req.set_ignore_eos(true);
-            grpc::ClientContext ctx;
-            ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
-            const auto start = Clock::now();
-            auto last = start;
-            bool first = true;
-            auto reader = stub->Generate(&ctx, req);
-            v1::GenerateResponse resp;
-            while (reader->Read(&resp)) {
-              if (!resp.has_chunk() || resp.chunk().token_ids_size() == 0) continue;
-              const auto now = Clock::now();
-              const double dt = std::chrono::duration<double>(now - (first ? start : last)).count();
-              (first ? my_ttft : my_itl).push_back(dt);
-              first = false;
-              last = now;
-              tokens += resp.chunk().token_ids_size();
-            }
-            if (!reader->Finish().ok()) ++errors;
+            const bool ok = http_.empty() ? GrpcStream(*stub, prompt, &my_ttft, &my_itl, &tokens)
+                                          : HttpStream(sse, prompt, &my_ttft, &my_itl, &tokens);
+            if (!ok) ++errors;
           }
           std::lock_guard<std::mutex> lock(mu);
           ttft.insert(ttft.end(), my_ttft.begin(), my_ttft.end());
@@ -106,12 +116,73 @@ class Loadgen final : public Command {
   }
 
  private:
+  // One gRPC Generate stream; false on an error.
+  bool GrpcStream(v1::Dsv4::Stub& stub, const std::vector<int32_t>& prompt,
+                  std::vector<double>* ttft, std::vector<double>* itl,
+                  std::atomic<int64_t>* tokens) const {
+    v1::GenerateRequest req;
+    for (int32_t id : prompt) req.mutable_token_ids()->add_ids(id);
+    req.set_max_tokens(max_tokens_);
+    req.set_ignore_eos(true);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
+    const auto start = Clock::now();
+    auto last = start;
+    bool first = true;
+    auto reader = stub.Generate(&ctx, req);
+    v1::GenerateResponse resp;
+    while (reader->Read(&resp)) {
+      if (!resp.has_chunk() || resp.chunk().token_ids_size() == 0) continue;
+      const auto now = Clock::now();
+      (first ? ttft : itl)->push_back(std::chrono::duration<double>(now - last).count());
+      first = false;
+      last = now;
+      *tokens += resp.chunk().token_ids_size();
+    }
+    return reader->Finish().ok();
+  }
+
+  // One streamed POST /v1/completions; false on an error. An event is a chunk of new text (a
+  // token whose text is held back, a partial character, makes none).
+  bool HttpStream(http::SseClient& sse, const std::vector<int32_t>& prompt,
+                  std::vector<double>* ttft, std::vector<double>* itl,
+                  std::atomic<int64_t>* tokens) const {
+    nlohmann::json body = {{"model", model_}, {"prompt", prompt}, {"max_tokens", max_tokens_},
+                           {"ignore_eos", true}, {"temperature", 0}, {"stream", true},
+                           {"stream_options", {{"include_usage", true}}}};
+    const auto start = Clock::now();
+    auto last = start;
+    bool first = true, failed = false;
+    absl::Status s = sse.Post("/v1/completions", body.dump(), [&](std::string_view data) {
+      if (data == "[DONE]") return;
+      const auto e = nlohmann::json::parse(data, nullptr, false);
+      if (!e.is_object() || e.contains("error")) {
+        failed = true;
+        return;
+      }
+      if (e.contains("usage") && e["usage"].is_object()) {
+        *tokens += e["usage"].value("completion_tokens", 0);
+        return;
+      }
+      if (!e.contains("choices") || e["choices"].empty() || e["choices"][0].value("text", "").empty()) return;
+      const auto now = Clock::now();
+      (first ? ttft : itl)->push_back(std::chrono::duration<double>(now - last).count());
+      first = false;
+      last = now;
+    });
+    return s.ok() && !failed;
+  }
+
   std::string target_ = "127.0.0.1:50051";
   std::vector<int> levels_ = {1, 8, 32, 64};
   int requests_ = 0;
   int prompt_len_ = 64;
   int max_tokens_ = 64;
   int vocab_ = 1024;
+  std::string http_;  // "" = gRPC
+  std::string http_host_;
+  int http_port_ = 0;
+  std::string model_;
 };
 
 }  // namespace

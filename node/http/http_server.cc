@@ -125,11 +125,16 @@ namespace {
 
 using Core = Server::Core;
 
-Response ErrorResponse(int status, std::string_view message) {
+Response PlainError(int status, std::string_view message) {
   Response r;
   r.status = status;
   r.body = std::string(message) + "\n";
   return r;
+}
+
+Response ErrorResponse(const Core& core, int status, std::string_view message) {
+  return core.options.error_response ? core.options.error_response(status, message)
+                                     : PlainError(status, message);
 }
 
 // Answers a request once, whole or streamed; holds its session (and the core under it) until
@@ -144,7 +149,7 @@ class SessionResponder final : public Responder {
     if (streaming_) {
       End();
     } else {
-      Respond(ErrorResponse(500, "internal error: the handler gave no response"));
+      Respond(ErrorResponse(*core_, 500, "internal error: the handler gave no response"));
     }
   }
   void Respond(Response response) override {
@@ -336,8 +341,8 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     std::string allow;
     const Handler* handler = core_->router.Find(r.method, r.path, &allow);
     if (handler == nullptr) {
-      if (allow.empty()) return DoWrite(ErrorResponse(404, absl::StrCat("not found")));
-      Response not_allowed = ErrorResponse(405, "method not allowed");
+      if (allow.empty()) return DoWrite(ErrorResponse(*core_, 404, "not found"));
+      Response not_allowed = ErrorResponse(*core_, 405, "method not allowed");
       not_allowed.headers.emplace_back("Allow", allow);
       return DoWrite(std::move(not_allowed));
     }
@@ -378,7 +383,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   void Fail(int status, std::string_view message) {
     keep_alive_ = false;
     head_ = false;
-    DoWrite(ErrorResponse(status, message));
+    DoWrite(ErrorResponse(*core_, status, message));
   }
 
   void DoWrite(Response r) {

@@ -100,6 +100,9 @@ struct ServerOptions {
   uint64_t max_body_bytes = 1 << 20;
   uint64_t max_stream_buffer_bytes = 8 << 20;  // a streamed answer's bytes waiting for the client
   const TlsCredentials* tls = nullptr;  // null: plain HTTP
+  // The body of the server's own errors (400 malformed, 404, 405, 413, 431, 500 no answer): plain
+  // text unless given (the OpenAI API answers with its error objects).
+  std::function<Response(int status, std::string_view message)> error_response;
 };
 
 struct ServerStats {

@@ -27,7 +27,8 @@ const Json* Member(const Json& obj, const char* name) {
 }
 
 // Message content: a string, or a list of {"type": "text", "text": ...} parts joined.
-absl::StatusOr<std::string> ContentText(const Json* content, const std::string& path) {
+absl::StatusOr<std::string> ContentText(const Json* content, const std::string& path,
+                                        const char* separator) {
   if (content == nullptr) return std::string();
   if (content->is_string()) return content->get<std::string>();
   if (!content->is_array()) return Invalid(path, "must be a string or an array of content parts");
@@ -44,6 +45,7 @@ absl::StatusOr<std::string> ContentText(const Json* content, const std::string& 
     }
     const Json* t = Member(part, "text");
     if (t == nullptr || !t->is_string()) return Invalid(at + ".text", "must be a string");
+    if (k > 0) text += separator;
     text += t->get<std::string>();
   }
   return text;
@@ -98,7 +100,10 @@ absl::StatusOr<chat::Message> ParseMessage(const Json& m, size_t i) {
   }
   const Json* content = Member(m, "content");
   if (content == nullptr && msg.role != "assistant") return Invalid(path + ".content", "required");
-  ASSIGN_OR_RETURN(msg.content, ContentText(content, path + ".content"));
+  // A tool result's text parts are joined by blank lines (the reference encoder's rule), others'
+  // concatenated.
+  ASSIGN_OR_RETURN(msg.content,
+                   ContentText(content, path + ".content", msg.role == "tool" ? "\n\n" : ""));
   if (msg.role == "assistant") {
     // DeepSeek's field, and vLLM's newer name for it.
     for (const char* key : {"reasoning_content", "reasoning"}) {
@@ -118,9 +123,10 @@ absl::StatusOr<chat::Message> ParseMessage(const Json& m, size_t i) {
     }
   }
   if (msg.role == "tool") {
+    // Required as in OpenAI's API: it orders the results after the calls (dsv4_encoding.h).
     const Json* id = Member(m, "tool_call_id");
-    if (id != nullptr && !id->is_string()) return Invalid(path + ".tool_call_id", "must be a string");
-    if (id != nullptr) msg.tool_call_id = id->get<std::string>();
+    if (id == nullptr || !id->is_string()) return Invalid(path + ".tool_call_id", "required (a string)");
+    msg.tool_call_id = id->get<std::string>();
   }
   return msg;
 }

@@ -85,6 +85,15 @@ OpenAiServer::~OpenAiServer() { Shutdown(); }
 absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(OpenAiOptions options,
                                                                   NodeMetrics* metrics) {
   options.http.name = "http";
+  options.http.error_response = [](int status, std::string_view message) {
+    ApiError e;
+    e.status = status;
+    e.type = status >= 500 ? "server_error" : "invalid_request_error";
+    e.code = status == 404 ? "not_found" : status == 405 ? "method_not_allowed"
+           : status == 413 ? "request_too_large" : status == 431 ? "headers_too_large" : "";
+    e.message = std::string(message);
+    return e.ToResponse();
+  };
   std::unique_ptr<OpenAiServer> s(new OpenAiServer(std::move(options), metrics));
   auto server = http::Server::Start(s->options_.http, s->Routes());
   if (!server.ok()) return server.status();
