@@ -64,13 +64,27 @@ std::string JsonEscape(std::string_view s) {
   out.reserve(s.size());
   for (const char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           static constexpr char kHex[] = "0123456789abcdef";
@@ -104,9 +118,9 @@ struct DsmlParser::Tag {
   enum class Lex { kNeedMore, kNotTag, kMalformed, kTag } lex = Lex::kNeedMore;
   enum class Type { kOpenBlock, kCloseBlock, kInvoke, kCloseInvoke, kParam, kCloseParam };
   Type type = Type::kOpenBlock;
-  size_t len = 0;       // kTag: its length; kMalformed: the bytes known to belong to it
-  bool ended = false;   // kMalformed: `len` includes the tag's closing '>'
-  std::string name;     // kInvoke: NAME; kParam: KEY
+  size_t len = 0;      // kTag: its length; kMalformed: the bytes known to belong to it
+  bool ended = false;  // kMalformed: `len` includes the tag's closing '>'
+  std::string name;    // kInvoke: NAME; kParam: KEY
   bool is_string = false;
 };
 
@@ -163,10 +177,14 @@ DsmlParser::Tag DsmlParser::Lex(std::string_view in) {
   Match m = Match::kMismatch;
   if (close) {
     if (in[at] != '>') return malformed();
-    if (word == "parameter") t.type = T::kCloseParam;
-    else if (word == "invoke") t.type = T::kCloseInvoke;
-    else if (word == "tool_calls") t.type = T::kCloseBlock;
-    else return malformed();
+    if (word == "parameter")
+      t.type = T::kCloseParam;
+    else if (word == "invoke")
+      t.type = T::kCloseInvoke;
+    else if (word == "tool_calls")
+      t.type = T::kCloseBlock;
+    else
+      return malformed();
     m = expect(">");
   } else if (word == "tool_calls") {
     t.type = T::kOpenBlock;
@@ -208,7 +226,7 @@ ParsedDelta DsmlParser::Feed(Channel channel, std::string_view text) {
   if (state_ == State::kText && reasoning_open_ && channel == Channel::kContent) {
     // The </think> token came between the deltas: what reasoning held back is decided now.
     FlushText(&out);
-    reasoning_open_ = false;
+    EndReasoning();
   }
   buf_.append(text);
   Run(&out);
@@ -236,11 +254,19 @@ void DsmlParser::Run(ParsedDelta* out) {
     const size_t before = pos;
     const State was = state_;
     switch (state_) {
-      case State::kText: pos = StepText(pos, out); break;
+      case State::kText:
+        pos = StepText(pos, out);
+        break;
       case State::kBlock:
-      case State::kInvoke: pos = StepMarkup(pos, out); break;
-      case State::kValue: pos = StepValue(pos, out); break;
-      case State::kSkipTag: pos = StepSkip(pos); break;
+      case State::kInvoke:
+        pos = StepMarkup(pos, out);
+        break;
+      case State::kValue:
+        pos = StepValue(pos, out);
+        break;
+      case State::kSkipTag:
+        pos = StepSkip(pos);
+        break;
     }
     if (pos == before && state_ == was) break;
   }
@@ -250,6 +276,18 @@ void DsmlParser::Run(ParsedDelta* out) {
 // Reasoning or content text up to the next thing that is not plain text.
 size_t DsmlParser::StepText(size_t pos, ParsedDelta* out) {
   const std::string_view in = std::string_view(buf_).substr(pos);
+  if (!tail_.empty() && newlines_ == 0) {
+    // Text that was joined to the output across a dropped token (`｜DSM` + `</think>` + `L｜`)
+    // must not complete a sentinel there: that completion is dropped too.
+    const std::string_view rest = kSentinel.substr(tail_.size());
+    if (StartsWith(in, rest)) return pos + rest.size();
+    if (StartsWith(rest, in)) return pos;  // undecided
+  }
+  if (opt_.tools && in.find_first_not_of('\n') == std::string_view::npos) {
+    // Newlines may precede a tool opener: counted, not rescanned (a run of them stays linear).
+    newlines_ += in.size();
+    return pos + in.size();
+  }
   enum class What { kNone, kThinkEnd, kEos, kDsml } what = What::kNone;
   size_t at = in.size();
   auto consider = [&](size_t p, What w) {
@@ -263,8 +301,10 @@ size_t DsmlParser::StepText(size_t pos, ParsedDelta* out) {
   if (opt_.tools) {
     size_t s = in.find(kSentinel);
     if (s != std::string_view::npos) {
-      if (s >= 1 && in[s - 1] == '<') s -= 1;
-      else if (s >= 2 && in.substr(s - 2, 2) == "</") s -= 2;
+      if (s >= 1 && in[s - 1] == '<')
+        s -= 1;
+      else if (s >= 2 && in.substr(s - 2, 2) == "</")
+        s -= 2;
       consider(s, What::kDsml);
     }
   }
@@ -277,57 +317,88 @@ size_t DsmlParser::StepText(size_t pos, ParsedDelta* out) {
                        PartialSuffix(in, kSentinel)});
       while (keep < in.size() && in[in.size() - keep - 1] == '\n') ++keep;
     }
-    EmitText(in.substr(0, in.size() - keep), out);
+    if (keep == in.size()) return pos;
+    EmitAfterNewlines(in.substr(0, in.size() - keep), out);
     return pos + in.size() - keep;
   }
   if (what != What::kDsml) {
-    EmitText(in.substr(0, at), out);
+    EmitAfterNewlines(in.substr(0, at), out);
     // </think> ends the reasoning; a stray one in content is swallowed. EOS text is stripped.
-    if (what == What::kThinkEnd) reasoning_open_ = false;
+    if (what == What::kThinkEnd && reasoning_open_) EndReasoning();
     return pos + at + (what == What::kThinkEnd ? kThinkEnd.size() : kEos.size());
   }
+  return pos + StartMarkup(in, at, out);
+}
+
+// DSML markup at in[at] in the text state; returns the bytes consumed. The newlines right
+// before it belong to it.
+size_t DsmlParser::StartMarkup(std::string_view in, size_t at, ParsedDelta* out) {
   size_t text_end = at;
   while (text_end > 0 && in[text_end - 1] == '\n') --text_end;
-  EmitText(in.substr(0, text_end), out);
-  if (in[at] != '<') return pos + at + kSentinel.size();  // a bare sentinel: dropped
-  if (in[at + 1] != '/') {
+  size_t len = kSentinel.size();  // a bare sentinel
+  if (in[at] == '<' && in[at + 1] == '/') {
+    // A stray closer: dropped (malformed ones as far as they are known), text continues.
+    const Tag t = Lex(in.substr(at));
+    if (t.lex == Tag::Lex::kNeedMore) {
+      if (text_end > 0) EmitAfterNewlines(in.substr(0, text_end), out);
+      return text_end;
+    }
+    len = t.len;
+  }
+  if (text_end > 0) {
+    EmitAfterNewlines(in.substr(0, text_end), out);
+  } else {
+    newlines_ = 0;
+  }
+  if (in[at] == '<' && in[at + 1] != '/') {
     // Tool markup: the rest of the turn. It ends the reasoning, if still open (§9).
     reasoning_open_ = false;
     state_ = State::kBlock;
-    return pos + at;
+    return at;
   }
-  // A stray closer: dropped (malformed ones as far as they are known), text continues.
-  const Tag t = Lex(in.substr(at));
-  if (t.lex == Tag::Lex::kNeedMore) return pos + text_end;
-  return pos + at + t.len;
+  return at + len;
+}
+
+void DsmlParser::EmitAfterNewlines(std::string_view text, ParsedDelta* out) {
+  if (newlines_ > 0) {
+    EmitText(std::string(newlines_, '\n'), out);
+    newlines_ = 0;
+  }
+  EmitText(text, out);
+}
+
+void DsmlParser::EndReasoning() {
+  reasoning_open_ = false;
+  tail_.clear();
 }
 
 void DsmlParser::EmitText(std::string_view text, ParsedDelta* out) {
-  if (reasoning_open_) {
-    out->reasoning.append(text);
-    return;
-  }
-  if (!content_started_) {
+  if (!reasoning_open_ && !content_started_) {
     const size_t first = text.find_first_not_of('\n');
     if (first == std::string_view::npos) return;
     text.remove_prefix(first);
     content_started_ = true;
   }
-  out->content.append(text);
+  if (text.empty()) return;
+  (reasoning_open_ ? out->reasoning : out->content).append(text);
+  if (opt_.tools) {
+    std::string joined = tail_;
+    joined.append(text.substr(text.size() - std::min(text.size(), kSentinel.size() - 1)));
+    tail_ = joined.substr(joined.size() - PartialSuffix(joined, kSentinel));
+  }
 }
 
 // Releases what the text state held back; a partial DSML tag (with its newlines) never
 // reaches the output.
 void DsmlParser::FlushText(ParsedDelta* out) {
-  std::string_view rest = buf_;
-  if (opt_.tools) {
-    const size_t first = rest.find_first_not_of('\n');
-    if (first != std::string_view::npos &&
-        (StartsWith(rest.substr(first), "<｜") || StartsWith(rest.substr(first), "</｜"))) {
-      rest = {};
-    }
+  const std::string_view rest = buf_;
+  const size_t first = rest.find_first_not_of('\n');
+  if (opt_.tools && first != std::string_view::npos &&
+      (StartsWith(rest.substr(first), "<｜") || StartsWith(rest.substr(first), "</｜"))) {
+    newlines_ = 0;
+  } else {
+    EmitAfterNewlines(rest, out);
   }
-  EmitText(rest, out);
   buf_.clear();
 }
 
@@ -385,15 +456,20 @@ void DsmlParser::OnTag(const Tag& tag, ParsedDelta* out) {
     return;  // openers and closers between calls are absorbed
   }
   switch (tag.type) {
-    case T::kParam: StartParam(tag.name, tag.is_string, out); break;
+    case T::kParam:
+      StartParam(tag.name, tag.is_string, out);
+      break;
     case T::kCloseInvoke:
-    case T::kCloseBlock: EndCall(out); break;
+    case T::kCloseBlock:
+      EndCall(out);
+      break;
     case T::kInvoke:  // the previous call's closer is missing: it ends here
       EndCall(out);
       StartCall(tag.name, out);
       break;
     case T::kOpenBlock:
-    case T::kCloseParam: break;  // doubled or stray: absorbed
+    case T::kCloseParam:
+      break;  // doubled or stray: absorbed
   }
 }
 
@@ -465,8 +541,8 @@ void DsmlParser::StartParam(const std::string& key, bool is_string, ParsedDelta*
     return;
   }
   keys_.push_back(key);
-  Args(absl::StrCat(keys_.size() == 1 ? "{\"" : ", \"", AV(JsonEscape(key)), "\": ",
-                    is_string ? "\"" : ""),
+  Args(absl::StrCat(keys_.size() == 1 ? "{\"" : ", \"", AV(JsonEscape(key)),
+                    "\": ", is_string ? "\"" : ""),
        out);
 }
 
@@ -489,8 +565,8 @@ void DsmlParser::EndParam(ParsedDelta* out) {
   // Spliced verbatim like the reference, but only when it is JSON: the arguments must parse.
   // nlohmann's lexer takes a NUL byte for the end of the input, so it is refused first.
   if (value_.find('\0') != std::string::npos || !nlohmann::json::accept(value_)) {
-    Invalidate(absl::StrCat("parameter ", Excerpt(key_), " is string=\"false\" but not JSON: ",
-                            Excerpt(value_)));
+    Invalidate(absl::StrCat("parameter ", Excerpt(key_),
+                            " is string=\"false\" but not JSON: ", Excerpt(value_)));
     return;
   }
   Args(value_, out);

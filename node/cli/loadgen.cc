@@ -79,6 +79,7 @@ class Loadgen final : public Command {
       }
       const int total = requests_ > 0 ? requests_ : std::max(16, 4 * conc);
       std::atomic<int> next{0}, errors{0};
+      std::string first_error;
       std::atomic<int64_t> tokens{0};
       std::mutex mu;
       std::vector<double> ttft, itl;
@@ -95,9 +96,13 @@ class Loadgen final : public Command {
             for (int i = 0; i < prompt_len_; ++i) {
               prompt.push_back(9 + static_cast<int32_t>(rng() % (vocab_ - 9)));
             }
-            const bool ok = http_.empty() ? GrpcStream(*stub, prompt, &my_ttft, &my_itl, &tokens)
-                                          : HttpStream(sse, prompt, &my_ttft, &my_itl, &tokens);
-            if (!ok) ++errors;
+            std::string why;
+            const bool ok = http_.empty() ? GrpcStream(*stub, prompt, &my_ttft, &my_itl, &tokens, &why)
+                                          : HttpStream(sse, prompt, &my_ttft, &my_itl, &tokens, &why);
+            if (!ok && errors.fetch_add(1) == 0) {
+              std::lock_guard<std::mutex> lock(mu);
+              first_error = why;
+            }
           }
           std::lock_guard<std::mutex> lock(mu);
           ttft.insert(ttft.end(), my_ttft.begin(), my_ttft.end());
@@ -110,6 +115,7 @@ class Loadgen final : public Command {
                   total / secs, tokens.load() / secs, 1e3 * Percentile(ttft, 0.5),
                   1e3 * Percentile(ttft, 0.99), 1e3 * Percentile(itl, 0.5),
                   1e3 * Percentile(itl, 0.99), errors.load());
+      if (!first_error.empty()) std::printf("  first error: %s\n", first_error.c_str());
       std::fflush(stdout);
     }
     return 0;
@@ -119,7 +125,7 @@ class Loadgen final : public Command {
   // One gRPC Generate stream; false on an error.
   bool GrpcStream(v1::Dsv4::Stub& stub, const std::vector<int32_t>& prompt,
                   std::vector<double>* ttft, std::vector<double>* itl,
-                  std::atomic<int64_t>* tokens) const {
+                  std::atomic<int64_t>* tokens, std::string* why) const {
     v1::GenerateRequest req;
     for (int32_t id : prompt) req.mutable_token_ids()->add_ids(id);
     req.set_max_tokens(max_tokens_);
@@ -139,16 +145,19 @@ class Loadgen final : public Command {
       last = now;
       *tokens += resp.chunk().token_ids_size();
     }
-    return reader->Finish().ok();
+    const grpc::Status status = reader->Finish();
+    if (!status.ok()) *why = status.error_message();
+    return status.ok();
   }
 
-  // One streamed POST /v1/completions; false on an error. An event is a chunk of new text (a
-  // token whose text is held back, a partial character, makes none).
+  // One streamed POST /v1/completions; false on an error. return_token_ids makes an event of
+  // every engine chunk, so tokens are timed as on gRPC even when their text is held back.
   bool HttpStream(http::SseClient& sse, const std::vector<int32_t>& prompt,
                   std::vector<double>* ttft, std::vector<double>* itl,
-                  std::atomic<int64_t>* tokens) const {
+                  std::atomic<int64_t>* tokens, std::string* why) const {
     nlohmann::json body = {{"model", model_}, {"prompt", prompt}, {"max_tokens", max_tokens_},
                            {"ignore_eos", true}, {"temperature", 0}, {"stream", true},
+                           {"return_token_ids", true},
                            {"stream_options", {{"include_usage", true}}}};
     const auto start = Clock::now();
     auto last = start;
@@ -158,18 +167,23 @@ class Loadgen final : public Command {
       const auto e = nlohmann::json::parse(data, nullptr, false);
       if (!e.is_object() || e.contains("error")) {
         failed = true;
+        *why = std::string(data.substr(0, 300));
         return;
       }
       if (e.contains("usage") && e["usage"].is_object()) {
         *tokens += e["usage"].value("completion_tokens", 0);
         return;
       }
-      if (!e.contains("choices") || e["choices"].empty() || e["choices"][0].value("text", "").empty()) return;
+      if (!e.contains("choices") || e["choices"].empty() || !e["choices"][0].contains("token_ids") ||
+          e["choices"][0]["token_ids"].empty()) {
+        return;
+      }
       const auto now = Clock::now();
       (first ? ttft : itl)->push_back(std::chrono::duration<double>(now - last).count());
       first = false;
       last = now;
     });
+    if (!s.ok()) *why = std::string(s.message());
     return s.ok() && !failed;
   }
 

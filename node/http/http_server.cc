@@ -484,6 +484,10 @@ void OnAccept(const std::shared_ptr<Core>& core, beast::error_code ec, tcp::sock
     return Accept(core);
   }
   core->accepted.fetch_add(1);
+  // Streamed answers are many small writes: Nagle's algorithm would hold each behind the client's
+  // delayed acknowledgement (tens of milliseconds per token).
+  beast::error_code nodelay_ec;
+  socket.set_option(tcp::no_delay(true), nodelay_ec);
   beast::error_code peer_ec;
   const tcp::endpoint ep = socket.remote_endpoint(peer_ec);
   const std::string address = peer_ec ? "unknown" : ep.address().to_string();

@@ -84,7 +84,8 @@ absl::Status SseClient::Post(const std::string& path, const std::string& body,
   while (!parser.is_done()) {
     parser.get().body().data = buf;
     parser.get().body().size = sizeof(buf);
-    bhttp::read(conn_->stream, conn_->buffer, parser, ec);
+    // read_some: hand over each event as it arrives (read() would wait for a full buffer).
+    bhttp::read_some(conn_->stream, conn_->buffer, parser, ec);
     if (ec == bhttp::error::need_buffer) ec = {};
     if (ec) {
       conn_->open = false;

@@ -136,7 +136,7 @@ absl::Status ParseCommon(const Json& j, ApiRequest* out) {
   if (!model->is_string()) return WrongType("model", "a string", *model);
   out->model = model->get<std::string>();
 
-  std::optional<bool> stream, ignore_eos, echo_stop;
+  std::optional<bool> stream, ignore_eos, echo_stop, token_ids;
   RETURN_IF_ERROR(GetBool(j, "stream", &stream));
   out->stream = stream.value_or(false);
   if (const Json* so = Member(j, "stream_options")) {
@@ -208,6 +208,8 @@ absl::Status ParseCommon(const Json& j, ApiRequest* out) {
   }
   RETURN_IF_ERROR(GetBool(j, "ignore_eos", &ignore_eos));
   g.set_ignore_eos(ignore_eos.value_or(false));
+  RETURN_IF_ERROR(GetBool(j, "return_token_ids", &token_ids));
+  out->return_token_ids = token_ids.value_or(false);
   RETURN_IF_ERROR(GetBool(j, "include_stop_str_in_output", &echo_stop));
   g.set_include_stop_str_in_output(echo_stop.value_or(false));
   for (const char* unsupported : {"best_of", "suffix"}) {

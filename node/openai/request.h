@@ -35,7 +35,9 @@ struct ApiRequest {
   // Logprobs asked for: chat `logprobs: true` (+ top_logprobs), completions `logprobs: N`.
   bool logprobs = false;
   int32_t top_logprobs = 0;
-  bool echo_stop = false;  // include_stop_str_in_output
+  // vLLM's extension: each choice (and stream chunk) carries the generated token ids, and a
+  // stream sends a chunk for every engine step's tokens even when their text is held back.
+  bool return_token_ids = false;
   v1::GenerateRequest generate;
   chat::ParserOptions parser;  // chat only
 };

@@ -47,6 +47,7 @@ ResponseSink::ResponseSink(const ApiRequest& request, ResponseMeta meta,
       thinking_(request.thinking),
       logprobs_(request.logprobs),
       top_logprobs_(request.top_logprobs),
+      return_token_ids_(request.return_token_ids),
       meta_(std::move(meta)),
       responder_(std::move(responder)),
       tokenizer_(tokenizer),
@@ -174,12 +175,16 @@ void ResponseSink::OnChunk(const v1::Chunk& chunk) {
   } else {
     d.content = chunk.text();  // completions: the text as generated, whatever its channel
   }
-  Deliver(d, std::move(lp));
+  Deliver(d, std::move(lp), &chunk);
 }
 
-void ResponseSink::Deliver(const chat::ParsedDelta& d, Json lp) {
-  if (d.empty() && lp.is_null()) return;
+void ResponseSink::Deliver(const chat::ParsedDelta& d, Json lp, const v1::Chunk* chunk) {
+  const bool ids = return_token_ids_ && chunk != nullptr && chunk->token_ids_size() > 0;
+  if (d.empty() && lp.is_null() && !ids) return;
   if (!stream_) {
+    if (ids) {
+      for (int32_t t : chunk->token_ids()) token_ids_.push_back(t);
+    }
     reasoning_ += d.reasoning;
     content_ += d.content;
     for (const chat::ToolCallDelta& c : d.tool_calls) {
@@ -215,6 +220,7 @@ void ResponseSink::Deliver(const chat::ParsedDelta& d, Json lp) {
     choice["text"] = d.content;
   }
   choice["logprobs"] = std::move(lp);
+  if (ids) choice["token_ids"] = Json(std::vector<int32_t>(chunk->token_ids().begin(), chunk->token_ids().end()));
   SendEvent(e);
 }
 
@@ -304,6 +310,7 @@ void ResponseSink::OnFinished(const v1::Finished& f) {
     choice["logprobs"] = logprobs_ ? logprob_items_ : Json(nullptr);
   }
   choice["finish_reason"] = finish;
+  if (return_token_ids_) choice["token_ids"] = token_ids_;
   body["choices"] = Json::array({choice});
   body["usage"] = Usage(f.usage());
   http::Response r;

@@ -51,7 +51,7 @@ class ResponseSink final : public RequestSink {
   void OnFinished(const v1::Finished& finished);
   void OnError(int status, const std::string& type, const std::string& code, const std::string& message);
   // The parsed delta as a stream chunk's delta, or accumulated for the whole answer.
-  void Deliver(const chat::ParsedDelta& delta, Json logprobs);
+  void Deliver(const chat::ParsedDelta& delta, Json logprobs, const v1::Chunk* chunk = nullptr);
   Json ChunkEnvelope() const;
   void SendEvent(const Json& event);
   void EndStream();
@@ -65,6 +65,7 @@ class ResponseSink final : public RequestSink {
   const bool thinking_;
   const bool logprobs_;
   const int32_t top_logprobs_;
+  const bool return_token_ids_;
   const ResponseMeta meta_;
   std::shared_ptr<http::Responder> responder_;
   const Tokenizer* tokenizer_;
@@ -79,6 +80,7 @@ class ResponseSink final : public RequestSink {
   std::string reasoning_, content_;
   std::vector<chat::ToolCallDelta> calls_;  // merged per call index
   Json logprob_items_ = Json::array();      // chat: content[]; completions: parallel arrays
+  Json token_ids_ = Json::array();          // return_token_ids
   int64_t text_offset_ = 0;
 };
 

@@ -2,6 +2,9 @@
 // every build: random byte flips, truncations and splices of valid headers never crash, and any
 // accepted header keeps every tensor inside the file.
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -136,6 +139,53 @@ TEST(FuzzSmoke, RequestMutations) {
     accepted += parsed.ParseFromString(in);
   }
   EXPECT_GT(accepted, 0);
+}
+
+}  // namespace
+}  // namespace dsv4
+
+namespace dsv4::fuzz {
+int DsmlParserOneInput(const uint8_t* data, size_t size);
+int OpenAiRequestOneInput(const uint8_t* data, size_t size);
+}  // namespace dsv4::fuzz
+
+namespace dsv4 {
+namespace {
+
+std::vector<std::string> CorpusSeeds(const std::string& target) {
+  std::vector<std::string> seeds;
+  for (const auto& entry : std::filesystem::directory_iterator(
+           std::string(DSV4_TEST_DATA_DIR "/../fuzz/corpus/") + target)) {
+    std::ifstream in(entry.path(), std::ios::binary);
+    seeds.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  return seeds;
+}
+
+// The DSML parser target's invariants (split == whole == one code point per delta, no markup in
+// visible text, complete calls are JSON objects) over its seed corpus and mutations of it.
+TEST(FuzzSmoke, DsmlParserMutations) {
+  const std::vector<std::string> seeds = CorpusSeeds("dsml_parser");
+  ASSERT_GE(seeds.size(), 5u);
+  std::mt19937_64 rng(53227);
+  for (int iter = 0; iter < 4000; ++iter) {
+    const size_t i = iter % seeds.size();
+    const std::string in = iter < static_cast<int>(seeds.size()) ? seeds[i] : Mutate(seeds[i], rng);
+    fuzz::DsmlParserOneInput(reinterpret_cast<const uint8_t*>(in.data()), in.size());
+  }
+}
+
+// The OpenAI request target's invariants (refusals name their field; accepted bodies have one
+// prompt and pass or fail ValidateRequest cleanly) over its corpus and mutations of it.
+TEST(FuzzSmoke, OpenAiRequestMutations) {
+  const std::vector<std::string> seeds = CorpusSeeds("openai_request");
+  ASSERT_GE(seeds.size(), 4u);
+  std::mt19937_64 rng(40801);
+  for (int iter = 0; iter < 6000; ++iter) {
+    const size_t i = iter % seeds.size();
+    const std::string in = iter < static_cast<int>(seeds.size()) ? seeds[i] : Mutate(seeds[i], rng);
+    fuzz::OpenAiRequestOneInput(reinterpret_cast<const uint8_t*>(in.data()), in.size());
+  }
 }
 
 }  // namespace

@@ -145,7 +145,8 @@ const char kWeatherRome[] =
 const char kCreateEvent[] =
     "\n\n<｜DSML｜tool_calls>\n"
     "<｜DSML｜invoke name=\"create_event\">\n"
-    "<｜DSML｜parameter name=\"title\" string=\"true\">Team sync: \"Q3\" <draft></｜DSML｜parameter>\n"
+    "<｜DSML｜parameter name=\"title\" string=\"true\">Team sync: \"Q3\" "
+    "<draft></｜DSML｜parameter>\n"
     "<｜DSML｜parameter name=\"details\" string=\"false\">{\"duration_min\": 30, \"attendees\": "
     "[\"ana\", \"bo\"]}</｜DSML｜parameter>\n"
     "</｜DSML｜invoke>\n"
@@ -158,9 +159,9 @@ const char kOsloCall[] =
 
 // §10.1: thinking mode; the </think> token separates the channels.
 TEST(DsmlParser, Example101ThinkingToolCall) {
-  const Result r = EverySplit(
-      Tools(), {{kR, "The user wants Rome in fahrenheit. Call get_weather again."},
-                {kC, std::string(kWeatherRome) + "<｜end▁of▁sentence｜>"}});
+  const Result r =
+      EverySplit(Tools(), {{kR, "The user wants Rome in fahrenheit. Call get_weather again."},
+                           {kC, std::string(kWeatherRome) + "<｜end▁of▁sentence｜>"}});
   EXPECT_EQ(r.reasoning, "The user wants Rome in fahrenheit. Call get_weather again.");
   EXPECT_EQ(r.content, "");
   ASSERT_EQ(r.calls.size(), 1u);
@@ -202,7 +203,8 @@ TEST(DsmlParser, StringValueStreamsAndHoldsOnlyCloserPrefixes) {
   EXPECT_EQ(d.tool_calls[0].arguments, "<draft>");
   d = p.Feed(kC, "</｜DSML｜para");
   EXPECT_TRUE(d.empty());
-  d = p.Feed(kC, "meter>\n<｜DSML｜parameter name=\"details\" string=\"false\">{\"duration_min\": 30");
+  d = p.Feed(kC,
+             "meter>\n<｜DSML｜parameter name=\"details\" string=\"false\">{\"duration_min\": 30");
   ASSERT_EQ(d.tool_calls.size(), 1u);
   EXPECT_EQ(d.tool_calls[0].arguments, "\", \"details\": ");  // JSON values wait for the closer
   d = p.Feed(kC, "}</｜DSML｜parameter>\n</｜DSML｜invoke>");
@@ -216,10 +218,9 @@ TEST(DsmlParser, StringValueStreamsAndHoldsOnlyCloserPrefixes) {
 
 // §10.3: chat mode, content before the block; the "\n\n" belongs to the opener.
 TEST(DsmlParser, Example103ChatModeContentBeforeBlock) {
-  const Result r = EverySplit(
-      Tools({"get_weather"}),
-      {{kC, std::string("Let me check.\n\n<｜DSML｜tool_calls>\n") + kOsloCall +
-                "</｜DSML｜tool_calls>"}});
+  const Result r = EverySplit(Tools({"get_weather"}),
+                              {{kC, std::string("Let me check.\n\n<｜DSML｜tool_calls>\n") +
+                                        kOsloCall + "</｜DSML｜tool_calls>"}});
   EXPECT_EQ(r.reasoning, "");
   EXPECT_EQ(r.content, "Let me check.");
   ASSERT_EQ(r.calls.size(), 1u);
@@ -255,9 +256,10 @@ TEST(DsmlParser, CloserSplitAfterShellRedirect) {
   EXPECT_EQ(args, R"({"command": "make test 2>&1"})");
   EXPECT_TRUE(p.error().ok());
   EverySplit(Tools({"bash"}),
-             {{kC, "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"bash\">\n<｜DSML｜parameter "
-                   "name=\"command\" string=\"true\">ls 2>&1 </ x</｜DSML｜parameter>\n"
-                   "</｜DSML｜invoke>\n</｜DSML｜tool_calls>"}});
+             {{kC,
+               "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"bash\">\n<｜DSML｜parameter "
+               "name=\"command\" string=\"true\">ls 2>&1 </ x</｜DSML｜parameter>\n"
+               "</｜DSML｜invoke>\n</｜DSML｜tool_calls>"}});
 }
 
 // SMG #1030: the opener's first chunk `\n\n<｜DSML｜` arrives alone and must not be flushed.
@@ -276,10 +278,10 @@ TEST(DsmlParser, ChunkedOpenerIsHeld) {
 
 // Dynamo #10646 and others: the block opened in the reasoning channel (no </think>).
 TEST(DsmlParser, BlockOpenedWithoutThinkEnd) {
-  const Result r = EverySplit(
-      Tools({"get_weather"}),
-      {{kR, std::string("I should call the tool.\n\n<｜DSML｜tool_calls>\n") + kOsloCall +
-                "</｜DSML｜tool_calls>\nMore reasoning-channel text."}});
+  const Result r =
+      EverySplit(Tools({"get_weather"}),
+                 {{kR, std::string("I should call the tool.\n\n<｜DSML｜tool_calls>\n") +
+                           kOsloCall + "</｜DSML｜tool_calls>\nMore reasoning-channel text."}});
   EXPECT_EQ(r.reasoning, "I should call the tool.");
   EXPECT_EQ(r.content, "");
   ASSERT_EQ(r.calls.size(), 1u);
@@ -288,7 +290,8 @@ TEST(DsmlParser, BlockOpenedWithoutThinkEnd) {
 }
 
 TEST(DsmlParser, LiteralThinkEndAndEosInText) {
-  Result r = EverySplit(Tools(), {{kR, "plan</think>\n\nanswer</think> done<｜end▁of▁sentence｜>"}});
+  Result r =
+      EverySplit(Tools(), {{kR, "plan</think>\n\nanswer</think> done<｜end▁of▁sentence｜>"}});
   EXPECT_EQ(r.reasoning, "plan");
   EXPECT_EQ(r.content, "answer done");
   // Reasoning that never ends stays reasoning (truncated or not).
@@ -300,14 +303,15 @@ TEST(DsmlParser, LiteralThinkEndAndEosInText) {
 // vLLM #54686: stray and doubled closers, a doubled opener, whitespace between tags.
 TEST(DsmlParser, StrayAndDoubledTagsAreAbsorbed) {
   const Result r = EverySplit(
-      Tools(), {{kC, "Hi</｜DSML｜parameter> there\n</｜DSML｜invoke>!"
-                     "\n\n<｜DSML｜tool_calls>\n<｜DSML｜tool_calls>  \n</｜DSML｜invoke>\n"
-                     "<｜DSML｜invoke name=\"get_weather\">\r\n\t"
-                     "<｜DSML｜parameter name=\"city\" string=\"true\">Rome</｜DSML｜parameter>"
-                     "</｜DSML｜parameter>\n \n"
-                     "<｜DSML｜parameter name=\"unit\" string=\"true\">celsius</｜DSML｜parameter>\n"
-                     "</｜DSML｜invoke>\n</｜DSML｜invoke>\n"
-                     "</｜DSML｜tool_calls>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜>"}});
+      Tools(), {{kC,
+                 "Hi</｜DSML｜parameter> there\n</｜DSML｜invoke>!"
+                 "\n\n<｜DSML｜tool_calls>\n<｜DSML｜tool_calls>  \n</｜DSML｜invoke>\n"
+                 "<｜DSML｜invoke name=\"get_weather\">\r\n\t"
+                 "<｜DSML｜parameter name=\"city\" string=\"true\">Rome</｜DSML｜parameter>"
+                 "</｜DSML｜parameter>\n \n"
+                 "<｜DSML｜parameter name=\"unit\" string=\"true\">celsius</｜DSML｜parameter>\n"
+                 "</｜DSML｜invoke>\n</｜DSML｜invoke>\n"
+                 "</｜DSML｜tool_calls>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜>"}});
   EXPECT_EQ(r.content, "Hi there!");
   ASSERT_EQ(r.calls.size(), 1u);
   EXPECT_EQ(r.calls[0].arguments, R"({"city": "Rome", "unit": "celsius"})");
@@ -316,19 +320,29 @@ TEST(DsmlParser, StrayAndDoubledTagsAreAbsorbed) {
 }
 
 TEST(DsmlParser, EmptyBlockAndBareSentinel) {
-  Result r = EverySplit(Tools(), {{kR, "hmm"},
-                                  {kC, "ok a｜DSML｜b\n\n<｜DSML｜tool_calls>\n</｜DSML｜tool_calls>"}});
+  Result r = EverySplit(
+      Tools(), {{kR, "hmm"}, {kC, "ok a｜DSML｜b\n\n<｜DSML｜tool_calls>\n</｜DSML｜tool_calls>"}});
   EXPECT_EQ(r.content, "ok ab");
   EXPECT_TRUE(r.calls.empty());
   EXPECT_EQ(r.error, "");
 }
 
+// Dropping a token must not join the text around it into a sentinel.
+TEST(DsmlParser, NoSentinelAcrossDroppedTokens) {
+  Result r = EverySplit(Tools(), {{kC, "a <｜DSM</think>L｜L｜tool_calls> b"}});
+  EXPECT_EQ(r.content, "a <｜DSMtool_calls> b");
+  r = EverySplit(Tools(), {{kR, "x｜DS<｜end▁of▁sentence｜>ML｜y ｜D</｜DSML｜invoke>SML"}});
+  EXPECT_EQ(r.reasoning, "x｜DSy ｜DSML");
+  EXPECT_TRUE(r.calls.empty());
+}
+
 TEST(DsmlParser, ParallelCallsAndASecondBlock) {
-  const Result r = EverySplit(
-      Tools(), {{kC, std::string("\n\n<｜DSML｜tool_calls>\n") + kOsloCall +
-                         "<｜DSML｜invoke name=\"create_event\">\n\n</｜DSML｜invoke>\n"
-                         "</｜DSML｜tool_calls>\n\nignored text after the block\n\n"
-                         "<｜DSML｜tool_calls>\n" + kOsloCall + "</｜DSML｜tool_calls>\nbye"}});
+  const Result r =
+      EverySplit(Tools(), {{kC, std::string("\n\n<｜DSML｜tool_calls>\n") + kOsloCall +
+                                    "<｜DSML｜invoke name=\"create_event\">\n\n</｜DSML｜invoke>\n"
+                                    "</｜DSML｜tool_calls>\n\nignored text after the block\n\n"
+                                    "<｜DSML｜tool_calls>\n" +
+                                    kOsloCall + "</｜DSML｜tool_calls>\nbye"}});
   EXPECT_EQ(r.content, "");
   ASSERT_EQ(r.calls.size(), 3u);
   EXPECT_EQ(r.calls[0].arguments, R"({"city": "Oslo"})");
@@ -341,12 +355,14 @@ TEST(DsmlParser, ParallelCallsAndASecondBlock) {
 // An orphan invoke (no outer block) is recovered; missing inner closers are implied.
 TEST(DsmlParser, OrphanInvokeAndMissingClosers) {
   const Result r = EverySplit(
-      Tools(), {{kC, "Sure.\n<｜DSML｜invoke name=\"get_weather\">\n"
-                     "<｜DSML｜parameter name=\"city\" string=\"true\">Rome</｜DSML｜invoke>\n"
-                     "<｜DSML｜invoke name=\"get_weather\">\n"
-                     "<｜DSML｜parameter name=\"city\" string=\"true\">Oslo</｜DSML｜parameter>\n"
-                     "<｜DSML｜invoke name=\"create_event\">\n"
-                     "<｜DSML｜parameter name=\"details\" string=\"false\">[1, 2]</｜DSML｜tool_calls>"}});
+      Tools(),
+      {{kC,
+        "Sure.\n<｜DSML｜invoke name=\"get_weather\">\n"
+        "<｜DSML｜parameter name=\"city\" string=\"true\">Rome</｜DSML｜invoke>\n"
+        "<｜DSML｜invoke name=\"get_weather\">\n"
+        "<｜DSML｜parameter name=\"city\" string=\"true\">Oslo</｜DSML｜parameter>\n"
+        "<｜DSML｜invoke name=\"create_event\">\n"
+        "<｜DSML｜parameter name=\"details\" string=\"false\">[1, 2]</｜DSML｜tool_calls>"}});
   EXPECT_EQ(r.content, "Sure.");
   ASSERT_EQ(r.calls.size(), 3u);
   EXPECT_EQ(r.calls[0].arguments, R"({"city": "Rome"})");
@@ -359,8 +375,10 @@ TEST(DsmlParser, OrphanInvokeAndMissingClosers) {
 TEST(DsmlParser, EscapingOfStringValuesAndKeys) {
   const std::string value = "a\"b\\c\nd\te\x01 é 日本 </x <｜y";
   const Result r = EverySplit(
-      Tools({"f"}), {{kC, "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n"
-                          "<｜DSML｜parameter name=\"k\\ey w string=x\" string=\"true\">" + value +
+      Tools({"f"}), {{kC,
+                      "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n"
+                      "<｜DSML｜parameter name=\"k\\ey w string=x\" string=\"true\">" +
+                          value +
                           "</｜DSML｜parameter>\n<｜DSML｜parameter name=\"\" string=\"false\"> "
                           "null\n</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>"}});
   ASSERT_EQ(r.calls.size(), 1u);
@@ -374,11 +392,13 @@ TEST(DsmlParser, EscapingOfStringValuesAndKeys) {
 // string="false" values must be JSON: the call is reported and nothing corrupt is emitted.
 TEST(DsmlParser, InvalidJsonValueIsAnError) {
   const Result r = EverySplit(
-      Tools(), {{kC, std::string("\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"create_event\">\n")+
-                     "<｜DSML｜parameter name=\"title\" string=\"true\">x</｜DSML｜parameter>\n"
-                     "<｜DSML｜parameter name=\"details\" string=\"false\">false,</｜DSML｜parameter>\n"
-                     "<｜DSML｜parameter name=\"more\" string=\"true\">y</｜DSML｜parameter>\n"
-                     "</｜DSML｜invoke>\n" + kOsloCall + "</｜DSML｜tool_calls>"}});
+      Tools(),
+      {{kC, std::string("\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"create_event\">\n") +
+                "<｜DSML｜parameter name=\"title\" string=\"true\">x</｜DSML｜parameter>\n"
+                "<｜DSML｜parameter name=\"details\" string=\"false\">false,</｜DSML｜parameter>\n"
+                "<｜DSML｜parameter name=\"more\" string=\"true\">y</｜DSML｜parameter>\n"
+                "</｜DSML｜invoke>\n" +
+                kOsloCall + "</｜DSML｜tool_calls>"}});
   EXPECT_EQ(r.error,
             "tool call 0 (create_event): parameter \"details\" is string=\"false\" but not JSON: "
             "\"false,\"");
@@ -389,12 +409,24 @@ TEST(DsmlParser, InvalidJsonValueIsAnError) {
   EXPECT_EQ(r.content, "");
 }
 
-TEST(DsmlParser, UnknownToolIsAnErrorAndNotEmitted) {
+// nlohmann's lexer ends its input at a NUL byte: "1\0x" must not pass as JSON.
+TEST(DsmlParser, NulInJsonValueIsAnError) {
   const Result r = EverySplit(
-      Tools({"get_weather"}),
-      {{kC, "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"rm_rf\">\n<｜DSML｜parameter "
-            "name=\"path\" string=\"true\">/</｜DSML｜parameter>\n</｜DSML｜invoke>\n" +
-                std::string(kOsloCall) + "</｜DSML｜tool_calls>"}});
+      Tools({"f"}), {{kC, std::string("<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n"
+                                      "<｜DSML｜parameter name=\"n\" string=\"false\">1") +
+                              std::string(1, '\0') + "x</｜DSML｜parameter>\n</｜DSML｜invoke>"}});
+  EXPECT_EQ(r.error,
+            "tool call 0 (f): parameter \"n\" is string=\"false\" but not JSON: \"1\\u0000x\"");
+  EXPECT_EQ(r.complete, 0);
+}
+
+TEST(DsmlParser, UnknownToolIsAnErrorAndNotEmitted) {
+  const Result r =
+      EverySplit(Tools({"get_weather"}),
+                 {{kC,
+                   "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"rm_rf\">\n<｜DSML｜parameter "
+                   "name=\"path\" string=\"true\">/</｜DSML｜parameter>\n</｜DSML｜invoke>\n" +
+                       std::string(kOsloCall) + "</｜DSML｜tool_calls>"}});
   EXPECT_EQ(r.error, "tool call 0 (rm_rf): not a tool of this request");
   ASSERT_EQ(r.calls.size(), 1u);
   EXPECT_EQ(r.calls[0].name, "get_weather");
@@ -402,35 +434,39 @@ TEST(DsmlParser, UnknownToolIsAnErrorAndNotEmitted) {
 }
 
 TEST(DsmlParser, DuplicateParameterAndMalformedTags) {
-  Result r = EverySplit(
-      Tools({"get_weather"}),
-      {{kC, "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
-            "<｜DSML｜parameter name=\"city\" string=\"true\">A</｜DSML｜parameter>\n"
-            "<｜DSML｜parameter name=\"city\" string=\"true\">B</｜DSML｜parameter>\n"
-            "</｜DSML｜invoke>\n</｜DSML｜tool_calls>"}});
+  Result r = EverySplit(Tools({"get_weather"}),
+                        {{kC,
+                          "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
+                          "<｜DSML｜parameter name=\"city\" string=\"true\">A</｜DSML｜parameter>\n"
+                          "<｜DSML｜parameter name=\"city\" string=\"true\">B</｜DSML｜parameter>\n"
+                          "</｜DSML｜invoke>\n</｜DSML｜tool_calls>"}});
   EXPECT_EQ(r.error, "tool call 0 (get_weather): duplicate parameter \"city\"");
   EXPECT_EQ(r.complete, 0);
   r = EverySplit(Tools({"get_weather"}),
-                 {{kC, "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
-                       "<｜DSML｜parameter name=\"city\" strin=\"true\">A</｜DSML｜parameter>\n"
-                       "</｜DSML｜invoke>\n" + std::string(kOsloCall) + "</｜DSML｜tool_calls>"}});
-  EXPECT_EQ(r.error,
-            "tool call 0 (get_weather): malformed tag \"<｜DSML｜parameter name=\\\"city\\\" strin\"");
+                 {{kC,
+                   "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
+                   "<｜DSML｜parameter name=\"city\" strin=\"true\">A</｜DSML｜parameter>\n"
+                   "</｜DSML｜invoke>\n" +
+                       std::string(kOsloCall) + "</｜DSML｜tool_calls>"}});
+  EXPECT_EQ(
+      r.error,
+      "tool call 0 (get_weather): malformed tag \"<｜DSML｜parameter name=\\\"city\\\" strin\"");
   ASSERT_EQ(r.calls.size(), 2u);
   EXPECT_EQ(r.calls[1].arguments, R"({"city": "Oslo"})");
   EXPECT_EQ(r.complete, 1);
   // A JSON body instead of parameter tags would silently become {}: it is an error.
   r = EverySplit(Tools({"get_weather"}),
-                 {{kC, "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
-                       "{\"city\": \"Rome\"}\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>"}});
+                 {{kC,
+                   "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
+                   "{\"city\": \"Rome\"}\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>"}});
   EXPECT_EQ(r.error, "tool call 0 (get_weather): unexpected text between parameters");
   EXPECT_EQ(r.complete, 0);
   // A malformed tag between calls, and a closer that is no closer inside a value.
-  r = EverySplit(Tools({"get_weather"}),
-                 {{kC, "<｜DSML｜tool_calls>\n<｜DSML｜invok name=\"x\">\n" +
-                           std::string(kOsloCall) +
-                           "<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" "
-                           "string=\"true\">A</｜DSML｜param>B</｜DSML｜parameter>\n</｜DSML｜invoke>"}});
+  r = EverySplit(
+      Tools({"get_weather"}),
+      {{kC, "<｜DSML｜tool_calls>\n<｜DSML｜invok name=\"x\">\n" + std::string(kOsloCall) +
+                "<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" "
+                "string=\"true\">A</｜DSML｜param>B</｜DSML｜parameter>\n</｜DSML｜invoke>"}});
   EXPECT_EQ(r.error, "tool call 0: malformed tag \"<｜DSML｜invok\"");
   ASSERT_EQ(r.calls.size(), 2u);
   EXPECT_EQ(r.complete, 1);
@@ -439,8 +475,9 @@ TEST(DsmlParser, DuplicateParameterAndMalformedTags) {
 
 TEST(DsmlParser, OtherOpeningTagInContentStartsMarkup) {
   const Result r = EverySplit(
-      Tools(), {{kC, "Answer.\n\n<｜DSML｜parameter name=\"a\" string=\"true\">v</｜DSML｜parameter>"
-                     "\nand more"}});
+      Tools(), {{kC,
+                 "Answer.\n\n<｜DSML｜parameter name=\"a\" string=\"true\">v</｜DSML｜parameter>"
+                 "\nand more"}});
   EXPECT_EQ(r.content, "Answer.");
   EXPECT_EQ(r.error, "tool call 0: parameter \"a\" outside an invoke");
   EXPECT_TRUE(r.calls.empty());
@@ -466,9 +503,10 @@ TEST(DsmlParser, ForcedInvokeStart) {
   ASSERT_EQ(first.tool_calls.size(), 1u);
   EXPECT_EQ(first.tool_calls[0].name, "get_weather");
   EXPECT_EQ(first.tool_calls[0].id, "call_0");
-  const Result r = EverySplit(
-      o, {{kC, "<｜DSML｜parameter name=\"city\" string=\"true\">Oslo</｜DSML｜parameter>\n"
-               "</｜DSML｜invoke>\n</｜DSML｜tool_calls>"}});
+  const Result r =
+      EverySplit(o, {{kC,
+                      "<｜DSML｜parameter name=\"city\" string=\"true\">Oslo</｜DSML｜parameter>\n"
+                      "</｜DSML｜invoke>\n</｜DSML｜tool_calls>"}});
   ASSERT_EQ(r.calls.size(), 1u);
   EXPECT_EQ(r.calls[0].arguments, R"({"city": "Oslo"})");
   EXPECT_EQ(r.complete, 1);
@@ -488,7 +526,8 @@ TEST(DsmlParser, ToolsOffKeepsMarkupAsContent) {
   EXPECT_TRUE(r.calls.empty());
   r = EverySplit(off, {{kC, "a</think>b <｜DS"}});
   EXPECT_EQ(r.content, "ab <｜DS");
-  r = EverySplit(Tools(), {{kC, "a</think>b\n\n<｜DS"}});  // with tools: a partial opener is dropped
+  r = EverySplit(Tools(),
+                 {{kC, "a</think>b\n\n<｜DS"}});  // with tools: a partial opener is dropped
   EXPECT_EQ(r.content, "ab");
   r = EverySplit(Tools(), {{kC, "a <"}, {kC, "/"}});
   EXPECT_EQ(r.content, "a </");

@@ -3,7 +3,8 @@
 //   2. 1000 keep-alive connections, each sending one `GET /health` and then left open and idle,
 //      while a normal chat request must still succeed; then all of them are closed;
 //   3. the node's RSS (VmRSS of /proc/PID/status).
-// Passes if the third round's RSS exceeds the first's by less than 10 %. Bounded to 120 s.
+// Passes if the third round's RSS exceeds the first's by less than 10 %. A watchdog ends a hung run
+// after 400 s (a bound on a hang, not a speed check: CI shares two cores).
 //   node load_test.js BASE_URL METRICS_HOSTPORT PID     (env DSV4_API_KEY: the node's key, if any)
 'use strict';
 const fs = require('fs');
@@ -31,9 +32,9 @@ function check(cond, what, detail) {
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const started = Date.now();
 const guard = setTimeout(() => {
-  check(false, 'the whole load test finishes within 120 s');
+  check(false, 'the load test did not hang (400 s watchdog)');
   process.exit(1);
-}, 120000);
+}, 400000);
 
 function rssKiB() {
   const status = fs.readFileSync(`/proc/${PID}/status`, 'utf8');
