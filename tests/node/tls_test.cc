@@ -138,6 +138,28 @@ TEST_F(TlsTest, ServerTlsServesVerifiedClientsOnly) {
   EXPECT_NE(out.find("finish_reason=LENGTH"), std::string::npos) << out;
 }
 
+// The OpenAI-compatible API takes the same certificate: a streamed chat over HTTPS, and plain
+// HTTP on that port gets no answer.
+TEST_F(TlsTest, TheHttpApiServesTlsWithTheSameCertificate) {
+  NodeOptions o = TlsOptions(pki_, /*mutual=*/false);
+  o.http_listen = "127.0.0.1:0";
+  auto node = ServingNode::Start(o);
+  ASSERT_TRUE(node.ok()) << node.status();
+  const int hport = (*node)->http_port();
+  std::string out;
+  EXPECT_EQ(testing::RunCommand(
+                absl::StrCat("curl -sS -N --fail --max-time 20 --cacert ", pki_.ca,
+                             " https://localhost:", hport, "/v1/chat/completions -d "
+                             "'{\"model\":\"dsv4-tiny\",\"stream\":true,\"max_tokens\":3,"
+                             "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'"),
+                &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("\"finish_reason\":\"length\""), std::string::npos) << out;
+  EXPECT_NE(out.find("data: [DONE]"), std::string::npos) << out;
+  EXPECT_NE(testing::HttpRaw(hport, "GET /health HTTP/1.0\r\n\r\n").status, 200);
+}
+
 TEST_F(TlsTest, MutualTlsNeedsAClientCertificateAndScopesAbort) {
   auto node = ServingNode::Start(TlsOptions(pki_, /*mutual=*/true));
   ASSERT_TRUE(node.ok()) << node.status();
