@@ -4,7 +4,8 @@ need_node_modules() {
   [ -d "$SRC/deploy/validate/node_modules/js-yaml" ] ||
     { echo "deploy/validate/node_modules missing (run scripts/setup.sh)"; exit 1; }
 }
-# Starts `dsv4-node serve` on loopback; sets NODE_PID, GRPC_PORT, METRICS_PORT.
+# Starts `dsv4-node serve` on loopback; sets NODE_PID, GRPC_PORT, METRICS_PORT and HTTP_PORT (0
+# unless the arguments pass --http-listen).
 start_node() {
   "$BIN" serve --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --port-file "$TMP/ports" \
       --max-model-len 1024 --log-level warning "$@" > "$TMP/serve.log" 2>&1 &
@@ -13,6 +14,8 @@ start_node() {
   [ -s "$TMP/ports" ] || { echo "node did not start"; cat "$TMP/serve.log"; exit 1; }
   GRPC_PORT=$(sed -E 's/.*"grpc": ([0-9]+).*/\1/' "$TMP/ports")
   METRICS_PORT=$(sed -E 's/.*"metrics": ([0-9]+).*/\1/' "$TMP/ports")
+  HTTP_PORT=$(sed -nE 's/.*"http": ([0-9]+).*/\1/p' "$TMP/ports")
+  HTTP_PORT=${HTTP_PORT:-0}
 }
 stop_node() {
   [ -n "${NODE_PID:-}" ] || return 0
