@@ -1,5 +1,7 @@
 #include "node/http/http_server.h"
 
+#include <sys/socket.h>
+
 #include <atomic>
 #include <list>
 #include <map>
@@ -98,6 +100,7 @@ class SessionBase {
   const std::string address;         // the client's IP address
   const net::any_io_executor strand;  // the connection's: its handlers never run concurrently
   std::atomic<bool> reading{false};  // waiting for (the rest of) a request: may be evicted
+  std::atomic<bool> answering{false};  // a request was dispatched and its answer is not written
   std::atomic<bool> closing{false};  // chosen for eviction, or closed by Stop
 };
 
@@ -153,8 +156,9 @@ class SessionResponder final : public Responder {
     }
   }
   void Respond(Response response) override {
+    if (streaming_) return End();  // a stream cannot become a whole answer: end it
     std::shared_ptr<SessionBase> s = std::move(session_);
-    if (!s || streaming_) return;
+    if (!s) return;
     Post(s, [s, a = answer_, r = std::move(response)]() mutable { s->Write(a, std::move(r)); });
   }
   void StartStream(Response head) override {
@@ -166,7 +170,7 @@ class SessionResponder final : public Responder {
     });
   }
   bool Send(std::string chunk) override {
-    if (!session_ || !streaming_ || answer_->gone.load()) return false;
+    if (!session_ || !streaming_ || answer_->gone.load() || core_->stopping.load()) return false;
     if (chunk.empty()) return true;
     const uint64_t waiting = answer_->waiting_bytes.fetch_add(chunk.size()) + chunk.size();
     if (waiting > core_->options.max_stream_buffer_bytes) {
@@ -181,8 +185,9 @@ class SessionResponder final : public Responder {
     return true;
   }
   void End() override {
+    if (!streaming_) return Respond(ErrorResponse(*core_, 500, "internal error: an empty stream"));
     std::shared_ptr<SessionBase> s = std::move(session_);
-    if (!s || !streaming_) return;
+    if (!s) return;
     Post(s, [s, a = answer_]() { s->WriteEnd(a); });
   }
   void OnClientGone(std::function<void()> on_gone) override {
@@ -255,9 +260,10 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     res->set(bhttp::field::server, "dsv4-node");
     res->set(bhttp::field::content_type, head.content_type);
     for (auto& [k, v] : head.headers) res->set(k, v);
-    keep_alive_ = keep_alive_ && !core_->stopping.load();
+    // HTTP/1.0 has no chunked encoding: its body ends when the connection closes.
+    keep_alive_ = keep_alive_ && !core_->stopping.load() && !http10_;
     res->keep_alive(keep_alive_);
-    res->chunked(true);
+    res->chunked(!http10_);
     core_->requests.fetch_add(1);
     auto serializer = std::make_shared<bhttp::response_serializer<bhttp::empty_body>>(*res);
     if (!head.body.empty()) stream_queue_.push_back(std::move(head.body));
@@ -322,6 +328,8 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   void Dispatch(bhttp::request<bhttp::string_body> req) {
     ++requests_;
     keep_alive_ = req.keep_alive();
+    http10_ = req.version() < 11;
+    answering.store(true);
     answer_ = std::make_shared<Answer>();
     stream_queue_.clear();
     stream_end_ = false;
@@ -357,14 +365,24 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   }
 
   // While an answer is pending, a plain-TCP connection that becomes readable with nothing to
-  // read was closed by the client: tell the answer (its request is then aborted). Readable with
-  // data is a pipelined request: left for Read() once this answer is written. The wait consumes
-  // nothing, so a stale one (its answer complete) is harmless.
+  // read was closed by the client (a client that half-closes its sending side counts as gone):
+  // tell the answer (its request is then aborted). Readable with data is a pipelined request: left
+  // for Read() once this answer is written. A peek first catches a close that came with or right
+  // after the request (the reactor's wait only sees later edges). The wait is cancelled when the
+  // answer is complete (CancelWatch), so it never holds a finished connection open. TLS cannot
+  // tell a close from more records without reading them: there a close is noticed at the next
+  // write that fails.
   void WatchForClose(const std::shared_ptr<Answer>& answer) {
     if constexpr (kTls) return;
+    char probe;
+    const ssize_t n = ::recv(Lowest().socket().native_handle(), &probe, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0) return ClientGone(answer);
+    if (n > 0) return;  // pipelined bytes: nothing to watch for
+    watching_ = true;
     Lowest().socket().async_wait(
         tcp::socket::wait_read, [self = this->shared_from_this(), answer](beast::error_code ec) {
-          if (answer->complete) return;
+          self->watching_ = false;
+          if (answer->complete || ec == net::error::operation_aborted) return;
           if (!ec) {
             beast::error_code avail_ec;
             if (self->Lowest().socket().available(avail_ec) > 0 && !avail_ec) return;
@@ -373,7 +391,20 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
         });
   }
 
+  // The answer is written: no close to watch for any more (a pending wait would keep this
+  // session alive after the connection is done with).
+  void Completed(const std::shared_ptr<Answer>& answer) {
+    answer->complete = true;
+    answering.store(false);
+    if (watching_) {
+      beast::error_code ignored;
+      Lowest().socket().cancel(ignored);
+      watching_ = false;
+    }
+  }
+
   void ClientGone(const std::shared_ptr<Answer>& answer) {
+    closing.store(true);
     answer->MarkGone();
     beast::error_code ignored;
     Lowest().socket().close(ignored);
@@ -406,37 +437,50 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
                            if (answer) answer->MarkGone();
                            return;
                          }
-                         if (answer) answer->complete = true;
+                         if (answer) self->Completed(answer);
                          if (keep) return self->Read();
                          self->Shutdown();
                        });
   }
 
-  // Writes what the stream has queued as one chunk, or the last chunk once End() came.
+  // Writes what the stream has queued as one chunk (at most kMaxWrite bytes, so that the write
+  // timeout measures progress, not the whole backlog), or the end once End() came.
   void PumpStream() {
+    static constexpr size_t kMaxWrite = 64 << 10;
     if (stream_writing_ || answer_ == nullptr || answer_->gone.load()) return;
     Lowest().expires_after(core_->options.request_timeout);
     if (!stream_queue_.empty()) {
       auto data = std::make_shared<std::string>();
-      for (std::string& c : stream_queue_) data->append(c);
-      stream_queue_.clear();
+      size_t taken = 0;
+      while (taken < stream_queue_.size() && (data->empty() || data->size() + stream_queue_[taken].size() <= kMaxWrite)) {
+        data->append(stream_queue_[taken++]);
+      }
+      stream_queue_.erase(stream_queue_.begin(), stream_queue_.begin() + static_cast<long>(taken));
       stream_writing_ = true;
-      net::async_write(stream_, bhttp::make_chunk(net::buffer(*data)),
-                       [self = this->shared_from_this(), data](beast::error_code ec, size_t) {
-                         self->OnStreamWritten(ec, data->size());
-                       });
+      auto done = [self = this->shared_from_this(), data](beast::error_code ec, size_t) {
+        self->OnStreamWritten(ec, data->size());
+      };
+      if (http10_) {
+        net::async_write(stream_, net::buffer(*data), std::move(done));
+      } else {
+        net::async_write(stream_, bhttp::make_chunk(net::buffer(*data)), std::move(done));
+      }
       return;
     }
     if (!stream_end_) return;
     stream_writing_ = true;
-    net::async_write(stream_, bhttp::make_chunk_last(),
-                     [self = this->shared_from_this()](beast::error_code ec, size_t) {
-                       self->stream_writing_ = false;
-                       if (ec) return self->answer_->MarkGone();
-                       self->answer_->complete = true;
-                       if (self->keep_alive_ && !self->core_->stopping.load()) return self->Read();
-                       self->Shutdown();
-                     });
+    auto ended = [self = this->shared_from_this()](beast::error_code ec, size_t) {
+      self->stream_writing_ = false;
+      if (ec) return self->answer_->MarkGone();
+      self->Completed(self->answer_);
+      if (self->keep_alive_ && !self->core_->stopping.load()) return self->Read();
+      self->Shutdown();
+    };
+    if (http10_) {
+      ended(beast::error_code{}, 0);
+    } else {
+      net::async_write(stream_, bhttp::make_chunk_last(), std::move(ended));
+    }
   }
 
   void OnStreamWritten(beast::error_code ec, size_t bytes) {
@@ -472,6 +516,8 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   std::vector<std::string> stream_queue_;
   bool stream_writing_ = false;
   bool stream_end_ = false;
+  bool http10_ = false;    // the request was HTTP/1.0: no chunked encoding
+  bool watching_ = false;  // WatchForClose's wait is pending
 };
 
 void Accept(const std::shared_ptr<Core>& core);
@@ -634,6 +680,26 @@ void Server::Stop() {
     beast::error_code ignored;
     c->acceptor->close(ignored);
   });
+  // Answers already handed to a connection (the last chunks of a drained stream) get a moment to
+  // reach their clients before their connections close; idle ones close at once.
+  const auto grace = std::chrono::steady_clock::now() + core_->options.stop_grace;
+  for (;;) {
+    std::vector<std::shared_ptr<SessionBase>> idle;
+    bool answering = false;
+    {
+      std::lock_guard<std::mutex> lock(core_->mu);
+      for (auto& w : core_->sessions) {
+        auto s = w.lock();
+        if (!s || s->closing.load()) continue;
+        if (s->answering.load()) answering = true;
+        else idle.push_back(std::move(s));
+      }
+    }
+    for (auto& s : idle) s->Close();
+    idle.clear();
+    if (!answering || std::chrono::steady_clock::now() >= grace) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   std::vector<std::shared_ptr<SessionBase>> open;
   {
     std::lock_guard<std::mutex> lock(core_->mu);

@@ -99,6 +99,8 @@ struct ServerOptions {
   uint32_t max_header_bytes = 16 << 10;
   uint64_t max_body_bytes = 1 << 20;
   uint64_t max_stream_buffer_bytes = 8 << 20;  // a streamed answer's bytes waiting for the client
+  // Stop() lets answers already handed to connections finish writing for this long.
+  std::chrono::milliseconds stop_grace{2000};
   const TlsCredentials* tls = nullptr;  // null: plain HTTP
   // The body of the server's own errors (400 malformed, 404, 405, 413, 431, 500 no answer): plain
   // text unless given (the OpenAI API answers with its error objects).
@@ -119,7 +121,8 @@ class Server {
   ~Server();
   int port() const { return port_; }
   ServerStats stats() const;
-  // Closes the listener and every connection; idempotent.
+  // Closes the listener and the idle connections, gives answers in progress up to `stop_grace` to
+  // be written (nothing new is queued once stopping), then closes every connection; idempotent.
   void Stop();
 
   struct Core;

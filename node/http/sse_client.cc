@@ -48,6 +48,18 @@ absl::StatusOr<std::string> SseClient::Get(const std::string& path) {
 
 absl::Status SseClient::Post(const std::string& path, const std::string& body,
                              const std::function<void(std::string_view)>& on_event) {
+  // A kept-alive connection the server has since closed fails before any answer: once more on a
+  // fresh one.
+  const bool reused = conn_->open;
+  bool answered = false;
+  absl::Status s = PostOnce(path, body, on_event, &answered);
+  if (!s.ok() && reused && !answered) s = PostOnce(path, body, on_event, &answered);
+  return s;
+}
+
+absl::Status SseClient::PostOnce(const std::string& path, const std::string& body,
+                                 const std::function<void(std::string_view)>& on_event,
+                                 bool* answered) {
   beast::error_code ec;
   if (!conn_->open) {
     conn_ = std::make_unique<Conn>();
@@ -78,6 +90,7 @@ absl::Status SseClient::Post(const std::string& path, const std::string& body,
     conn_->open = false;
     return absl::UnavailableError(absl::StrCat("read: ", ec.message()));
   }
+  *answered = true;
   const int status = static_cast<int>(parser.get().result_int());
   std::string pending, error_body;
   char buf[16384];

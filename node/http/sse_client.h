@@ -27,6 +27,8 @@ class SseClient {
 
  private:
   struct Conn;
+  absl::Status PostOnce(const std::string& path, const std::string& body,
+                        const std::function<void(std::string_view data)>& on_event, bool* answered);
   std::string host_;
   int port_;
   std::string api_key_;

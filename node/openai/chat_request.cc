@@ -51,6 +51,20 @@ absl::StatusOr<std::string> ContentText(const Json* content, const std::string& 
   return text;
 }
 
+// Spellings of the chat format's own tokens and markup (DeepSeek's reference parser refuses
+// them in messages too): in a message they would be tokenized as those tokens and could forge a
+// turn, a reasoning block or a tool call (a tool result is often untrusted web text).
+absl::Status CheckNoMarkup(const std::string& text, const std::string& path) {
+  static const char* kMarkup[] = {"<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>",
+                                  "<｜Assistant｜>", "<think>", "</think>", "｜DSML｜"};
+  for (const char* m : kMarkup) {
+    if (text.find(m) != std::string::npos) {
+      return Invalid(path, absl::StrCat("contains \"", m, "\", markup of the chat format that a message may not carry"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // OpenAI's rule for function names; also keeps them safe inside the DSML name="..." attribute.
 bool ValidToolName(const std::string& name) {
   if (name.empty() || name.size() > 64) return false;
@@ -75,7 +89,13 @@ absl::StatusOr<chat::ToolCall> ParseToolCall(const Json& call, const std::string
   const Json* name = Member(*fn, "name");
   if (name == nullptr || !name->is_string()) return Invalid(path + ".function.name", "must be a string");
   tc.name = name->get<std::string>();
+  if (!ValidToolName(tc.name)) {
+    return Invalid(path + ".function.name", "1-64 characters of a-z, A-Z, 0-9, _ and -");
+  }
   if (const Json* args = Member(*fn, "arguments")) {
+    // The history's arguments are rendered raw into the prompt (keys and string values).
+    RETURN_IF_ERROR(CheckNoMarkup(args->is_string() ? args->get<std::string>() : args->dump(),
+                                  path + ".function.arguments"));
     if (!args->is_string() && !args->is_object()) {
       return Invalid(path + ".function.arguments", "must be a JSON string or an object");
     }
@@ -104,12 +124,14 @@ absl::StatusOr<chat::Message> ParseMessage(const Json& m, size_t i) {
   // concatenated.
   ASSIGN_OR_RETURN(msg.content,
                    ContentText(content, path + ".content", msg.role == "tool" ? "\n\n" : ""));
+  RETURN_IF_ERROR(CheckNoMarkup(msg.content, path + ".content"));
   if (msg.role == "assistant") {
     // DeepSeek's field, and vLLM's newer name for it.
     for (const char* key : {"reasoning_content", "reasoning"}) {
       if (const Json* r = Member(m, key)) {
         if (!r->is_string()) return Invalid(absl::StrCat(path, ".", key), "must be a string");
         msg.reasoning_content = r->get<std::string>();
+        RETURN_IF_ERROR(CheckNoMarkup(msg.reasoning_content, absl::StrCat(path, ".", key)));
         break;
       }
     }

@@ -218,6 +218,8 @@ void OpenAiServer::Admit(Endpoint endpoint, const ServingRuntime* rt,
   if (call->responder->client_gone()) return call->Release();
   auto parsed = endpoint == Endpoint::kChat ? ParseChatRequest(call->request.body, options_.parse)
                                             : ParseCompletionRequest(call->request.body, options_.parse);
+  // The body is not needed past here (the call lives as long as its generation).
+  std::string().swap(call->request.body);
   if (!parsed.ok()) return refuse(FromStatus(parsed.status()), "invalid_argument");
   ApiRequest& req = *parsed;
   if (req.model != rt->model_info.model_name()) {

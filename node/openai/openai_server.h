@@ -32,6 +32,9 @@ struct OpenAiOptions {
   ParseLimits parse;
 };
 
+// Lifetime: requests in flight hold this server's quota and metrics until their final event, so
+// the engine must be stopped (every request finished) before the server is destroyed, as
+// ServingNode::Shutdown does.
 class OpenAiServer {
  public:
   static absl::StatusOr<std::unique_ptr<OpenAiServer>> Start(OpenAiOptions options,

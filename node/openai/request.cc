@@ -69,7 +69,9 @@ absl::Status GetInt(const std::string& field, const Json* v, int64_t lo, int64_t
   if (v->is_number_float()) {
     const double d = v->get<double>();
     if (d != std::floor(d) || !std::isfinite(d)) return WrongType(field, "an integer", *v);
-    if (d < static_cast<double>(lo) || d > static_cast<double>(hi)) {
+    // (double)INT64_MAX rounds up to 2^63: compare against the exclusive bound so that the cast
+    // below stays defined.
+    if (d < static_cast<double>(lo) || d >= 0x1p63 || d > static_cast<double>(hi)) {
       return Invalid(field, absl::StrCat("must be in [", lo, ", ", hi, "], got ", d));
     }
     *out = static_cast<int64_t>(d);
@@ -185,7 +187,12 @@ absl::Status ParseCommon(const Json& j, ApiRequest* out) {
   RETURN_IF_ERROR(GetInt(j, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), &seed));
   if (seed) s.set_seed(static_cast<uint64_t>(*seed));
 
+  // Counts before copies: an 8 MiB body must not become millions of strings.
+  constexpr size_t kMaxStops = 16, kMaxStopIds = 64;
   if (const Json* stop = Member(j, "stop")) {
+    if (stop->is_array() && stop->size() > kMaxStops) {
+      return Invalid("stop", absl::StrCat("at most ", kMaxStops, " stop strings, got ", stop->size()));
+    }
     if (stop->is_string()) {
       g.add_stop(stop->get<std::string>());
     } else if (stop->is_array()) {
@@ -199,6 +206,9 @@ absl::Status ParseCommon(const Json& j, ApiRequest* out) {
   }
   if (const Json* ids = Member(j, "stop_token_ids")) {
     if (!ids->is_array()) return WrongType("stop_token_ids", "an array of integers", *ids);
+    if (ids->size() > kMaxStopIds) {
+      return Invalid("stop_token_ids", absl::StrCat("at most ", kMaxStopIds, " ids, got ", ids->size()));
+    }
     for (size_t i = 0; i < ids->size(); ++i) {
       std::optional<int64_t> id;
       RETURN_IF_ERROR(GetInt(absl::StrCat("stop_token_ids[", i, "]"), &(*ids)[i], 0,
@@ -212,6 +222,12 @@ absl::Status ParseCommon(const Json& j, ApiRequest* out) {
   out->return_token_ids = token_ids.value_or(false);
   RETURN_IF_ERROR(GetBool(j, "include_stop_str_in_output", &echo_stop));
   g.set_include_stop_str_in_output(echo_stop.value_or(false));
+  // Fields whose meaning would be silently lost: refused, not ignored.
+  for (const char* unsupported : {"logit_bias", "functions", "function_call", "prompt_logprobs"}) {
+    if (const Json* v = Member(j, unsupported); v != nullptr && !(v->is_object() && v->empty())) {
+      return Invalid(unsupported, "is not supported");
+    }
+  }
   for (const char* unsupported : {"best_of", "suffix"}) {
     if (const Json* v = Member(j, unsupported)) {
       if (std::string(unsupported) == "best_of" && v->is_number_integer() && v->get<int64_t>() == 1) continue;

@@ -67,6 +67,10 @@ void ResponseSink::Done() {
 
 void ResponseSink::Begin() {
   std::lock_guard<std::mutex> lock(mu_);
+  StartStream();
+}
+
+void ResponseSink::StartStream() {
   if (!stream_ || begun_ || ended_) return;
   begun_ = true;
   http::Response head;
@@ -111,20 +115,17 @@ void ResponseSink::Emit(v1::GenerateResponse response, bool last) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!ended_) {
-      if (stream_ && !begun_) {
-        // The engine answered before Begin() (a refusal at once): no head was sent yet.
-        begun_ = true;
-        http::Response head;
-        head.content_type = "text/event-stream";
-        head.headers.emplace_back("Cache-Control", "no-cache");
-        responder_->StartStream(std::move(head));
-      }
+      // The engine may answer before Submit returned and Begin() ran: the stream starts here then.
+      StartStream();
       if (response.has_chunk()) OnChunk(response.chunk());
       if (response.has_finished()) OnFinished(response.finished());
       if (response.has_error()) {
-        const ApiError e = FromStatus(absl::Status(static_cast<absl::StatusCode>(response.error().code()),
-                                                   response.error().message()));
-        OnError(e.status, e.type, e.code, e.message);
+        // A failure while running is the node's, never the client's (whatever its status code):
+        // 503 when the node is unavailable, else 500.
+        const bool unavailable =
+            response.error().code() == static_cast<int>(absl::StatusCode::kUnavailable);
+        OnError(unavailable ? 503 : 500, unavailable ? "service_unavailable" : "server_error", "",
+                response.error().message());
       }
     }
   }
@@ -212,8 +213,18 @@ void ResponseSink::Deliver(const chat::ParsedDelta& d, Json lp, const v1::Chunk*
     if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
     if (!d.content.empty()) delta["content"] = d.content;
     if (!d.tool_calls.empty()) {
+      // One entry per call index in a chunk, as OpenAI sends them: a call's start and its first
+      // argument fragments can come from one engine chunk.
+      std::vector<chat::ToolCallDelta> merged;
+      for (const chat::ToolCallDelta& c : d.tool_calls) {
+        if (!merged.empty() && merged.back().index == c.index) {
+          merged.back().arguments += c.arguments;
+        } else {
+          merged.push_back(c);
+        }
+      }
       Json calls = Json::array();
-      for (const chat::ToolCallDelta& c : d.tool_calls) calls.push_back(ToolCallJson(c, !c.id.empty()));
+      for (const chat::ToolCallDelta& c : merged) calls.push_back(ToolCallJson(c, !c.id.empty()));
       delta["tool_calls"] = std::move(calls);
     }
   } else {
@@ -255,9 +266,14 @@ void ResponseSink::OnError(int status, const std::string& type, const std::strin
 
 void ResponseSink::OnFinished(const v1::Finished& f) {
   const v1::FinishReason reason = f.finish_reason();
+  const bool valid_before = parser_.error().ok();
   if (endpoint_ == Endpoint::kChat) Deliver(parser_.Finish(reason == v1::LENGTH), nullptr);
+  // A call cut off by the request's own length limit is dropped and the answer ends with
+  // "length", as OpenAI does; only a call the model got wrong is an error.
+  const bool invalid_call = !parser_.error().ok() && !(reason == v1::LENGTH && valid_before);
   if (reason == v1::CANCELLED) {
     if (responder_->client_gone()) {
+      status_ = 499;  // nginx's "client closed request": counted, never sent
       ended_ = true;
       if (stream_) responder_->End();
       return;
@@ -265,11 +281,11 @@ void ResponseSink::OnFinished(const v1::Finished& f) {
     return OnError(503, "service_unavailable", "cancelled", absl::StrCat("the request was cancelled: ", f.message()));
   }
   if (reason == v1::ERROR) return OnError(500, "server_error", "", f.message());
-  if (!parser_.error().ok()) {
+  if (invalid_call) {
     return OnError(500, "server_error", "invalid_tool_call",
                    absl::StrCat("the model produced an invalid tool call: ", parser_.error().message()));
   }
-  const bool calls = endpoint_ == Endpoint::kChat && parser_.calls() > 0;
+  const bool calls = endpoint_ == Endpoint::kChat && parser_.calls() > 0 && reason != v1::LENGTH;
   const char* finish = FinishName(reason, calls);
   if (stream_) {
     Json e = ChunkEnvelope();
@@ -292,6 +308,13 @@ void ResponseSink::OnFinished(const v1::Finished& f) {
   Json choice;
   choice["index"] = 0;
   if (endpoint_ == Endpoint::kChat) {
+    // Only complete calls: one cut off by the length limit has arguments that are not an object.
+    std::vector<chat::ToolCallDelta> complete;
+    for (const chat::ToolCallDelta& c : calls_) {
+      const Json args = Json::parse(c.arguments, nullptr, false);
+      if (!c.name.empty() && args.is_object()) complete.push_back(c);
+    }
+    calls_ = std::move(complete);
     Json message = {{"role", "assistant"}};
     message["content"] = calls_.empty() || !content_.empty() ? Json(content_) : Json(nullptr);
     if (thinking_) message["reasoning_content"] = reasoning_;

@@ -47,6 +47,7 @@ class ResponseSink final : public RequestSink {
 
  private:
   using Json = nlohmann::ordered_json;
+  void StartStream();  // mu_ held
   void OnChunk(const v1::Chunk& chunk);
   void OnFinished(const v1::Finished& finished);
   void OnError(int status, const std::string& type, const std::string& code, const std::string& message);

@@ -174,5 +174,40 @@ TEST(HttpStream, AClientThatDoesNotReadIsCutOffNotBufferedWithoutEnd) {
   ::close(fd);
 }
 
+TEST(HttpStream, AClientThatClosesRightAfterItsRequestIsReported) {
+  Fixture f;
+  auto server = Start(&f);
+  const int fd = ConnectLoopback(server->port());
+  // The close may arrive before the handler runs, or with the request itself.
+  SendAll(fd, "POST /hang HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
+  ::close(fd);
+  auto gone = f.gone.get_future();
+  EXPECT_EQ(gone.wait_for(std::chrono::seconds(5)), std::future_status::ready)
+      << "a close that came with the request was missed";
+}
+
+TEST(HttpStream, AConnectionThatIsNotKeptAliveIsClosedAfterItsAnswer) {
+  Fixture f;
+  auto server = Start(&f);
+  const int fd = ConnectLoopback(server->port());
+  SendAll(fd, "GET /ok HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string reply = ReadUntil(fd, "\r\n\r\nfine");
+  EXPECT_NE(reply.find("fine"), std::string::npos);
+  // The server ends the connection: the next read sees its end, not a timeout.
+  char c;
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  EXPECT_EQ(::recv(fd, &c, 1, 0), 0) << "the connection was left open";
+  ::close(fd);
+}
+
+TEST(HttpStream, AnHttp10ClientGetsABodyEndedByTheClose) {
+  Fixture f;
+  auto server = Start(&f);
+  const std::string reply =
+      dsv4::testing::HttpRaw(server->port(), "POST /stream HTTP/1.0\r\nContent-Length: 1\r\n\r\n2").body;
+  EXPECT_EQ(reply, "first;chunk0;chunk1;") << "HTTP/1.0 has no chunked encoding";
+}
+
 }  // namespace
 }  // namespace dsv4::http
