@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 
 #include <atomic>
+#include <cerrno>
 #include <list>
 #include <map>
 #include <mutex>
@@ -364,31 +365,41 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     }
   }
 
-  // While an answer is pending, a plain-TCP connection that becomes readable with nothing to
-  // read was closed by the client (a client that half-closes its sending side counts as gone):
-  // tell the answer (its request is then aborted). Readable with data is a pipelined request: left
-  // for Read() once this answer is written. A peek first catches a close that came with or right
-  // after the request (the reactor's wait only sees later edges). The wait is cancelled when the
+  // While an answer is pending, a plain-TCP connection whose peek sees the end of the stream was
+  // closed by the client (a client that half-closes its sending side counts as gone): tell the
+  // answer (its request is then aborted). Bytes to read are a pipelined request: left for Read()
+  // once this answer is written. The peek runs first (a close that came with the request) and
+  // after every readiness of the wait (which can be stale). The wait is cancelled when the
   // answer is complete (CancelWatch), so it never holds a finished connection open. TLS cannot
   // tell a close from more records without reading them: there a close is noticed at the next
   // write that fails.
   void WatchForClose(const std::shared_ptr<Answer>& answer) {
     if constexpr (kTls) return;
-    char probe;
-    const ssize_t n = ::recv(Lowest().socket().native_handle(), &probe, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (n == 0) return ClientGone(answer);
-    if (n > 0) return;  // pipelined bytes: nothing to watch for
+    switch (Peek()) {
+      case PeekResult::kClosed: return ClientGone(answer);
+      case PeekResult::kData: return;  // pipelined bytes: nothing to watch for
+      case PeekResult::kNothing: break;
+    }
     watching_ = true;
     Lowest().socket().async_wait(
         tcp::socket::wait_read, [self = this->shared_from_this(), answer](beast::error_code ec) {
           self->watching_ = false;
           if (answer->complete || ec == net::error::operation_aborted) return;
-          if (!ec) {
-            beast::error_code avail_ec;
-            if (self->Lowest().socket().available(avail_ec) > 0 && !avail_ec) return;
-          }
-          self->ClientGone(answer);
+          if (ec) return self->ClientGone(answer);
+          // Readiness can be stale (an edge of bytes the request's read already took): only an
+          // orderly end counts; nothing to read is another wait.
+          self->WatchForClose(answer);
         });
+  }
+
+  enum class PeekResult { kClosed, kData, kNothing };
+  PeekResult Peek() {
+    char probe;
+    const ssize_t n = ::recv(Lowest().socket().native_handle(), &probe, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0) return PeekResult::kClosed;
+    if (n > 0) return PeekResult::kData;
+    return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? PeekResult::kNothing
+                                                                     : PeekResult::kClosed;
   }
 
   // The answer is written: no close to watch for any more (a pending wait would keep this

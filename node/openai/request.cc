@@ -121,7 +121,8 @@ absl::StatusOr<Json> ParseBody(std::string_view body, const ParseLimits& limits)
   if (j.is_discarded()) {
     // Parse again for the parser's own words (where and why); only for bad bodies.
     try {
-      (void)Json::parse(body.begin(), body.end());
+      const Json again = Json::parse(body.begin(), body.end());
+      (void)again;
     } catch (const std::exception& e) {
       return Invalid("body", absl::StrCat("not valid JSON: ", e.what()));
     }

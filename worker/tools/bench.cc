@@ -5,7 +5,8 @@
 // `--contexts 1024,16384` places every sequence at that position with its cache pages allocated
 // (their contents are whatever the pools hold), so a step reads and attends over a context of that
 // length without a prefill. Each row also prints the HBM roofline of the bytes the decode step must
-// read, and the graph mode the worker actually ran for the prefill and the timed decode steps
+// read (and each prefill row a line with the prefill's FLOPs and bytes, step_cost.h, and their
+// times at --peak-tflops and --hbm-tbps next to the measured time), and the graph mode the worker actually ran for the prefill and the timed decode steps
 // (chosen per step as serving does: --cudagraph-mode, --cudagraph-capture-sizes; the CPU worker
 // always runs eagerly).
 #include <algorithm>
@@ -24,6 +25,7 @@
 #include "common/flag_checks.h"
 #include "worker/tools/model_loader.h"
 #include "worker/tools/model_tools.h"
+#include "worker/tools/step_cost.h"
 #include "node/engine.h"
 #include "node/scheduler/graph_policy.h"
 
@@ -34,54 +36,6 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
-}
-
-// Bytes per element of each weight class as the step reads them: dense matrices (bf16 2, fp32
-// 4), the FP8 projections (attention, the indexer's query, the shared expert: 1 byte and a fp32
-// scale per 128x128 block) and the MXFP4 routed experts (half a byte and a scale per 32) when the
-// weights are kept in the released formats (--weight-format auto on the GPU).
-struct WeightBytes {
-  double dense = 2, fp8 = 2, experts = 2;
-};
-WeightBytes StepWeightBytes(bool gpu, const std::string& precision, const std::string& format) {
-  const double dense = gpu && precision == "bf16" ? 2.0 : 4.0;
-  if (!gpu || format != "auto") return {dense, dense, dense};
-  return {dense, 1.0 + 4.0 / (128 * 128), 0.5 + 1.0 / 32};
-}
-
-// Bytes a decode step of `batch` sequences at context `ctx` must read at least once: the weights
-// it touches (routed experts counted by the expected number of distinct experts among
-// batch x top-k uniform picks) and each sequence's attention state.
-double DecodeStepBytes(const ModelConfig& c, int64_t batch, int64_t ctx, const WeightBytes& w) {
-  const double D = c.hidden_size, H = c.num_heads, hd = c.head_dim, q = c.q_lora_rank;
-  const double E = c.n_routed_experts, K = c.num_experts_per_tok, I = c.moe_intermediate_size;
-  const double distinct = E * (1.0 - std::pow(1.0 - K / E, static_cast<double>(batch)));
-  double bytes = c.vocab_size * D * w.dense + batch * D * w.dense;  // lm_head + embedding rows
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    // wq_a, wq_b, wkv, wo_a, wo_b
-    double fp8 = q * D + H * hd * q + hd * D + c.o_groups * c.o_lora_rank * (H / c.o_groups) * hd +
-                 D * c.o_groups * c.o_lora_rank;
-    double dense = 0;
-    double state = c.sliding_window * hd * 4.0;  // the window ring (fp32)
-    const int64_t ratio = c.Ratio(l);
-    if (ratio > 0) {
-      const bool csa = c.layer_types[l] == AttnType::kCsa;
-      dense += 2.0 * (csa ? 2 : 1) * hd * D;  // compressor kv + gate
-      const double entries = std::floor(static_cast<double>(ctx + 1) / ratio);
-      if (csa) {
-        const double nI = c.index_n_heads, dI = c.index_head_dim;
-        dense += 2.0 * 2 * dI * D + nI * D;  // indexer compressor kv + gate, weights projection
-        fp8 += nI * dI * q;                  // indexer query
-        state += entries * dI * 4.0 + std::min<double>(entries, c.index_topk) * hd * 4.0;
-      } else {
-        state += entries * hd * 4.0;
-      }
-    }
-    const double shared = 3.0 * D * I * w.fp8;
-    const double mlp = distinct * 3.0 * D * I * w.experts + shared + E * D * 4.0;  // + router
-    bytes += fp8 * w.fp8 + dense * w.dense + mlp + batch * state;
-  }
-  return bytes;
 }
 
 class Bench final : public Command {
@@ -97,6 +51,10 @@ class Bench final : public Command {
     app.add_option("--decode-steps", decode_steps_, "decode steps")->check(CLI::Range(1, 1 << 20));
     app.add_option("--repeats", repeats_, "repetitions; the best is reported")
         ->check(CLI::Range(1, 1000));
+    app.add_option("--peak-tflops", peak_tflops_,
+                   "tensor-core peak for the prefill roofline (TFLOP/s; 0 = by precision on the GPU: "
+                   "bf16 790, fp32 67; not printed on the CPU)")
+        ->check(FiniteRange(0.0, 1e6));
     app.add_option("--hbm-tbps", hbm_tbps_, "HBM bandwidth for the roofline column (TB/s)")
         ->check(FiniteRange(0.01, 100.0));
     app.add_option("--cudagraph-mode", graph_mode_,
@@ -305,6 +263,7 @@ class Bench final : public Command {
                       best_decode * 1e3, roof_ms, best_decode * 1e3 / roof_ms,
                       ctx == 0 ? prefill_graph.c_str() : "-", decode_graph.c_str(),
                       device_ms.c_str(), best_execute * 1e3);
+          if (ctx == 0) PrintPrefillRoofline(config, batch, wbytes, gpu, best_prefill);
           std::fflush(stdout);
         }
       }
@@ -313,6 +272,30 @@ class Bench final : public Command {
   }
 
  private:
+  // The prefill row's roofline: its FLOPs (GEMMs, attention, indexer) and bytes, and the time each
+  // takes at the peak and the bandwidth, next to the measured time.
+  void PrintPrefillRoofline(const ModelConfig& config, int batch, const WeightBytes& w, bool gpu,
+                            double measured_s) const {
+    const PrefillCost c = PrefillStepCost(config, batch, prompt_len_, w);
+    const double peak = peak_tflops_ > 0 ? peak_tflops_
+                        : gpu             ? (flags_.precision == "bf16" ? 790.0 : 67.0)
+                                          : 0.0;
+    std::printf("       prefill: gemm %.2f GFLOP, attention %.2f GFLOP, indexer %.2f GFLOP, "
+                "%.3f GB", c.gemm_flops * 1e-9, c.attention_flops * 1e-9, c.indexer_flops * 1e-9,
+                c.bytes * 1e-9);
+    const double bytes_ms = c.bytes / (hbm_tbps_ * 1e12) * 1e3;
+    if (peak <= 0) {
+      std::printf("; at %.1f TB/s %.3f ms; measured %.3f ms (%.1f TFLOP/s)\n", hbm_tbps_, bytes_ms,
+                  measured_s * 1e3, c.flops() / measured_s * 1e-12);
+      return;
+    }
+    const double flops_ms = c.flops() / (peak * 1e12) * 1e3;
+    const double roof_ms = std::max(flops_ms, bytes_ms);
+    std::printf("; at %.0f TFLOP/s %.3f ms, at %.1f TB/s %.3f ms; roofline %.3f ms, measured "
+                "%.3f ms = %.2fx (%.1f TFLOP/s)\n", peak, flops_ms, hbm_tbps_, bytes_ms, roof_ms,
+                measured_s * 1e3, measured_s * 1e3 / roof_ms, c.flops() / measured_s * 1e-12);
+  }
+
   ModelFlags flags_;
   std::vector<int> batches_ = {1, 8, 32};
   std::vector<int> contexts_ = {0};
@@ -320,6 +303,7 @@ class Bench final : public Command {
   int decode_steps_ = 32;
   int repeats_ = 3;
   double hbm_tbps_ = 4.8;
+  double peak_tflops_ = 0;
   std::string graph_mode_ = "full_and_piecewise";
   std::string graph_sizes_;  // "" = the defaults
   std::string overlap_ = "auto";
