@@ -17,32 +17,6 @@
 namespace dsv4 {
 namespace {
 
-// Maximum nesting depth of arrays/objects, counted outside string literals.
-bool NestingWithin(std::string_view text, int max_depth) {
-  int depth = 0;
-  bool in_string = false;
-  bool escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > max_depth) return false;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return true;
-}
 
 std::string Where(std::string_view where, std::string_view key) {
   return where.empty() ? std::string(key) : absl::StrCat(AV(where), ".", AV(key));
@@ -78,7 +52,7 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path, size_t max
 }
 
 absl::StatusOr<Json> ParseJson(std::string_view text, std::string_view what, int max_depth) {
-  if (!NestingWithin(text, max_depth)) {
+  if (!JsonNestingWithin(text, max_depth)) {
     return absl::InvalidArgumentError(
         absl::StrCat(AV(what), ": JSON nested deeper than ", max_depth, " levels"));
   }
@@ -177,6 +151,32 @@ absl::StatusOr<std::optional<std::string>> OptString(const Json& obj, std::strin
     return absl::InvalidArgumentError(absl::StrCat(Where(where, key), " must be a string"));
   }
   return std::optional<std::string>(it->get<std::string>());
+}
+
+bool JsonNestingWithin(std::string_view text, int max_depth) {
+  int depth = 0;
+  bool in_string = false;
+  bool escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) return false;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return true;
 }
 
 }  // namespace dsv4

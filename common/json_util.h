@@ -18,6 +18,10 @@ using Json = nlohmann::json;
 // Reads a whole file; fails with NotFound / InvalidArgument (too large) / Internal.
 absl::StatusOr<std::string> ReadFileToString(const std::string& path, size_t max_bytes);
 
+// Whether arrays/objects in `text` nest at most `max_depth` deep (counted outside string literals,
+// without parsing): a check before a parser or a walk that recurses sees hostile input.
+bool JsonNestingWithin(std::string_view text, int max_depth);
+
 // Parses `text`. `what` names the document in error messages ("config.json"). Nesting deeper than
 // `max_depth` is rejected before the parser sees it, so hostile input cannot exhaust the stack.
 absl::StatusOr<Json> ParseJson(std::string_view text, std::string_view what, int max_depth = 64);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/echo.h"
+#include "common/json_util.h"
 #include "common/status.h"
 #include "node/chat/python_json.h"
 
@@ -65,31 +66,6 @@ std::string Field(size_t i, std::string_view name) {
   return absl::StrCat("messages[", i, "].", AV(name));
 }
 
-// Nesting of arrays/objects outside string literals, so a hostile argument string is refused
-// before anything recurses over it.
-bool NestingWithin(std::string_view text, int max_depth) {
-  int depth = 0;
-  bool in_string = false;
-  bool escaped = false;
-  for (const char c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > max_depth) return false;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return true;
-}
 
 std::string_view TypeName(const OJson& v) {
   if (v.is_array()) return "an array";
@@ -109,7 +85,7 @@ absl::StatusOr<OJson> ArgumentsObject(const OJson& arguments, const std::string&
                                        AV(TypeName(arguments))));
   }
   const std::string& text = arguments.get_ref<const std::string&>();
-  if (!NestingWithin(text, kMaxArgumentsDepth)) {
+  if (!JsonNestingWithin(text, kMaxArgumentsDepth)) {
     return Invalid(where, absl::StrCat("JSON nested deeper than ", kMaxArgumentsDepth, " levels"));
   }
   // ordered_json keeps the keys in the client's order; a repeated key keeps its first position

@@ -27,6 +27,15 @@ http::Response ApiError::ToResponse() const {
   return r;
 }
 
+ApiError MakeError(int status, std::string type, std::string code, std::string message) {
+  ApiError e;
+  e.status = status;
+  e.type = std::move(type);
+  e.code = std::move(code);
+  e.message = std::move(message);
+  return e;
+}
+
 ApiError InvalidField(const std::string& param, const std::string& problem) {
   ApiError e;
   e.param = param;

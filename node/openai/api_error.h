@@ -23,6 +23,8 @@ struct ApiError {
   http::Response ToResponse() const;
 };
 
+ApiError MakeError(int status, std::string type, std::string code, std::string message);
+
 // 400 naming `param`: "param: problem".
 ApiError InvalidField(const std::string& param, const std::string& problem);
 

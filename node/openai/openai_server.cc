@@ -27,21 +27,11 @@ http::Response JsonResponse(int status, const Json& body) {
 }
 
 ApiError Unavailable(const std::string& message) {
-  ApiError e;
-  e.status = 503;
-  e.type = "service_unavailable";
-  e.code = "unavailable";
-  e.message = message;
-  return e;
+  return MakeError(503, "service_unavailable", "unavailable", message);
 }
 
 ApiError TooMany(const std::string& message) {
-  ApiError e;
-  e.status = 429;
-  e.type = "rate_limit_error";
-  e.code = "rate_limit_exceeded";
-  e.message = message;
-  return e;
+  return MakeError(429, "rate_limit_error", "rate_limit_exceeded", message);
 }
 
 // "127.0.0.1:40404" -> "127.0.0.1", "::1:40404" -> "::1": the client's quota key.
@@ -86,13 +76,14 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(OpenAiOptions 
                                                                   NodeMetrics* metrics) {
   options.http.name = "http";
   options.http.error_response = [](int status, std::string_view message) {
-    ApiError e;
-    e.status = status;
-    e.type = status >= 500 ? "server_error" : "invalid_request_error";
-    e.code = status == 404 ? "not_found" : status == 405 ? "method_not_allowed"
-           : status == 413 ? "request_too_large" : status == 431 ? "headers_too_large" : "";
-    e.message = std::string(message);
-    return e.ToResponse();
+    return MakeError(status, status >= 500 ? "server_error" : "invalid_request_error",
+                     status == 404   ? "not_found"
+                     : status == 405 ? "method_not_allowed"
+                     : status == 413 ? "request_too_large"
+                     : status == 431 ? "headers_too_large"
+                                     : "",
+                     std::string(message))
+        .ToResponse();
   };
   std::unique_ptr<OpenAiServer> s(new OpenAiServer(std::move(options), metrics));
   auto server = http::Server::Start(s->options_.http, s->Routes());
@@ -133,12 +124,9 @@ http::Router OpenAiServer::Routes() {
     return [this, endpoint, handler](const http::Request& req, std::shared_ptr<http::Responder> r) {
       if (!Authorized(req)) {
         if (metrics_) metrics_->Rejected("unauthenticated").Increment();
-        ApiError e;
-        e.status = 401;
-        e.type = "authentication_error";
-        e.code = "invalid_api_key";
-        e.message = "a valid API key is required: Authorization: Bearer <key>";
-        http::Response resp = e.ToResponse();
+        http::Response resp = MakeError(401, "authentication_error", "invalid_api_key",
+                                        "a valid API key is required: Authorization: Bearer <key>")
+                                  .ToResponse();
         resp.headers.emplace_back("WWW-Authenticate", "Bearer");
         return Answer(r, endpoint, std::move(resp));
       }

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/json_util.h"
 #include "common/status.h"
 #include "node/chat/dsv4_encoding.h"
 
@@ -92,31 +93,13 @@ absl::Status GetInt(const Json& obj, const char* name, int64_t lo, int64_t hi,
   return GetInt(name, Member(obj, name), lo, hi, out);
 }
 
-// Bodies nested deeper than `max` are refused before parsing (the parser itself would take them,
-// and every later walk over the value would recurse that deep).
-absl::Status CheckNesting(std::string_view body, int32_t max) {
-  int32_t depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : body) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-      continue;
-    }
-    if (c == '"') in_string = true;
-    else if (c == '[' || c == '{') {
-      if (++depth > max) return Invalid("body", absl::StrCat("JSON nested deeper than ", max, " levels"));
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return absl::OkStatus();
-}
 
 absl::StatusOr<Json> ParseBody(std::string_view body, const ParseLimits& limits) {
   if (body.empty()) return Invalid("body", "empty; a JSON object is required");
-  RETURN_IF_ERROR(CheckNesting(body, limits.max_nesting));
+  // Refused before parsing: every later walk over the value would recurse that deep.
+  if (!JsonNestingWithin(body, limits.max_nesting)) {
+    return Invalid("body", absl::StrCat("JSON nested deeper than ", limits.max_nesting, " levels"));
+  }
   Json j = Json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     // Parse again for the parser's own words (where and why); only for bad bodies.

@@ -246,11 +246,7 @@ ResponseSink::Json ResponseSink::Usage(const v1::Usage& u) const {
 void ResponseSink::OnError(int status, const std::string& type, const std::string& code,
                            const std::string& message) {
   status_ = status;
-  ApiError e;
-  e.status = status;
-  e.type = type;
-  e.code = code;
-  e.message = message;
+  const ApiError e = MakeError(status, type, code, message);
   if (stream_) {
     // An error event: the SDKs raise it as an APIError.
     responder_->Send(absl::StrCat("data: ", e.Json(), "\n\n"));
