@@ -18,6 +18,18 @@ using Json = nlohmann::json;
 // Reads a whole file; fails with NotFound / InvalidArgument (too large) / Internal.
 absl::StatusOr<std::string> ReadFileToString(const std::string& path, size_t max_bytes);
 
+// "an object", "an array", "a string", "a boolean", "a number" or "null": a value's kind in an
+// error message ("must be a string, got a number"). For nlohmann::json and ordered_json alike.
+template <class J>
+const char* JsonTypeName(const J& v) {
+  if (v.is_object()) return "an object";
+  if (v.is_array()) return "an array";
+  if (v.is_string()) return "a string";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number()) return "a number";
+  return "null";
+}
+
 // Whether arrays/objects in `text` nest at most `max_depth` deep (counted outside string literals,
 // without parsing): a check before a parser or a walk that recurses sees hostile input.
 bool JsonNestingWithin(std::string_view text, int max_depth);

@@ -67,13 +67,6 @@ std::string Field(size_t i, std::string_view name) {
 }
 
 
-std::string_view TypeName(const OJson& v) {
-  if (v.is_array()) return "an array";
-  if (v.is_string()) return "a string";
-  if (v.is_boolean()) return "a boolean";
-  if (v.is_number()) return "a number";
-  return "null";
-}
 
 // §2.6: the arguments as an object. The reference json.loads a string and on failure renders
 // the raw text as one `arguments` parameter, which teaches the model to nest its next calls
@@ -82,7 +75,7 @@ absl::StatusOr<OJson> ArgumentsObject(const OJson& arguments, const std::string&
   if (arguments.is_object()) return arguments;
   if (!arguments.is_string()) {
     return Invalid(where, absl::StrCat("must be a JSON object or a string holding one; got ",
-                                       AV(TypeName(arguments))));
+                                       AV(JsonTypeName(arguments))));
   }
   const std::string& text = arguments.get_ref<const std::string&>();
   if (!JsonNestingWithin(text, kMaxArgumentsDepth)) {
@@ -93,7 +86,7 @@ absl::StatusOr<OJson> ArgumentsObject(const OJson& arguments, const std::string&
   OJson parsed = OJson::parse(text, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded()) return Invalid(where, "not valid JSON");
   if (!parsed.is_object()) {
-    return Invalid(where, absl::StrCat("must hold a JSON object; got ", AV(TypeName(parsed))));
+    return Invalid(where, absl::StrCat("must hold a JSON object; got ", AV(JsonTypeName(parsed))));
   }
   return parsed;
 }

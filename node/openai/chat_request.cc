@@ -9,22 +9,11 @@
 #include "common/echo.h"
 #include "common/status.h"
 #include "node/chat/dsv4_encoding.h"
+#include "node/openai/json_fields.h"
 #include "node/openai/request.h"
 
 namespace dsv4::openai {
 namespace {
-
-using Json = nlohmann::ordered_json;
-
-absl::Status Invalid(const std::string& field, const std::string& problem) {
-  return absl::InvalidArgumentError(absl::StrCat(field, ": ", problem));
-}
-
-const Json* Member(const Json& obj, const char* name) {
-  auto it = obj.find(name);
-  if (it == obj.end() || it->is_null()) return nullptr;
-  return &*it;
-}
 
 // Message content: a string, or a list of {"type": "text", "text": ...} parts joined.
 absl::StatusOr<std::string> ContentText(const Json* content, const std::string& path,

@@ -11,40 +11,10 @@
 #include "common/json_util.h"
 #include "common/status.h"
 #include "node/chat/dsv4_encoding.h"
+#include "node/openai/json_fields.h"
 
 namespace dsv4::openai {
 namespace {
-
-using Json = nlohmann::ordered_json;
-
-absl::Status Invalid(const std::string& field, const std::string& problem) {
-  return absl::InvalidArgumentError(absl::StrCat(field, ": ", problem));
-}
-
-const char* TypeName(const Json& v) {
-  switch (v.type()) {
-    case Json::value_t::null: return "null";
-    case Json::value_t::object: return "an object";
-    case Json::value_t::array: return "an array";
-    case Json::value_t::string: return "a string";
-    case Json::value_t::boolean: return "a boolean";
-    case Json::value_t::number_integer:
-    case Json::value_t::number_unsigned: return "an integer";
-    case Json::value_t::number_float: return "a number";
-    default: return "a value";
-  }
-}
-
-absl::Status WrongType(const std::string& field, const char* want, const Json& got) {
-  return Invalid(field, absl::StrCat("must be ", want, ", got ", TypeName(got)));
-}
-
-// A present, non-null member, or null.
-const Json* Member(const Json& obj, const char* name) {
-  auto it = obj.find(name);
-  if (it == obj.end() || it->is_null()) return nullptr;
-  return &*it;
-}
 
 absl::Status GetBool(const Json& obj, const char* name, std::optional<bool>* out) {
   const Json* v = Member(obj, name);
@@ -111,7 +81,7 @@ absl::StatusOr<Json> ParseBody(std::string_view body, const ParseLimits& limits)
     }
     return Invalid("body", "not valid JSON");
   }
-  if (!j.is_object()) return Invalid("body", absl::StrCat("must be a JSON object, got ", TypeName(j)));
+  if (!j.is_object()) return Invalid("body", absl::StrCat("must be a JSON object, got ", JsonTypeName(j)));
   return j;
 }
 
