@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dsv4/v1/dsv4.grpc.pb.h"
+#include "control/secret.h"
 #include "node/cli/commands.h"
 #include "node/http/sse_client.h"
 
@@ -43,6 +44,8 @@ class Loadgen final : public Command {
     app.add_option("--prompt-len", prompt_len_, "prompt tokens")->check(CLI::Range(1, 1 << 20));
     app.add_option("--max-tokens", max_tokens_, "tokens per request")->check(CLI::Range(1, 1 << 20));
     app.add_option("--vocab", vocab_, "token ids are drawn from [9, vocab)")->check(CLI::Range(10, 1 << 24));
+    app.add_option("--api-key-file", api_key_file_,
+                   "with --http: the file holding the node's API key (sent as a Bearer token)");
     app.add_option("--http", http_,
                    "HOST:PORT of the OpenAI-compatible API: stream POST /v1/completions instead of "
                    "gRPC Generate");
@@ -58,7 +61,15 @@ class Loadgen final : public Command {
       }
       http_host_ = http_.substr(0, colon);
       http_port_ = std::atoi(http_.c_str() + colon + 1);
-      auto models = http::SseClient(http_host_, http_port_).Get("/v1/models");
+      if (!api_key_file_.empty()) {
+        auto key = control::ReadSecretFile(api_key_file_, "--api-key-file");
+        if (!key.ok()) {
+          std::fprintf(stderr, "error: %s\n", std::string(key.status().message()).c_str());
+          return 2;
+        }
+        api_key_ = *key;
+      }
+      auto models = http::SseClient(http_host_, http_port_, api_key_).Get("/v1/models");
       const auto j = nlohmann::json::parse(models.ok() ? *models : "", nullptr, false);
       if (!models.ok() || !j.is_object() || !j.contains("data") || j["data"].empty()) {
         std::fprintf(stderr, "error: GET /v1/models on %s failed: %s\n", http_.c_str(),
@@ -90,7 +101,7 @@ class Loadgen final : public Command {
           auto stub = v1::Dsv4::NewStub(channel);
           std::mt19937 rng(1000 + w);
           std::vector<double> my_ttft, my_itl;
-          http::SseClient sse(http_host_, http_port_);
+          http::SseClient sse(http_host_, http_port_, api_key_);
           while (next.fetch_add(1) < total) {
             std::vector<int32_t> prompt;
             for (int i = 0; i < prompt_len_; ++i) {
@@ -194,6 +205,7 @@ class Loadgen final : public Command {
   int max_tokens_ = 64;
   int vocab_ = 1024;
   std::string http_;  // "" = gRPC
+  std::string api_key_file_, api_key_;
   std::string http_host_;
   int http_port_ = 0;
   std::string model_;
