@@ -85,40 +85,34 @@ absl::StatusOr<Json> ParseBody(std::string_view body, const ParseLimits& limits)
   return j;
 }
 
-// The fields the two endpoints share: model, stream, lengths, sampling, stops, extras.
-absl::Status ParseCommon(const Json& j, ApiRequest* out) {
-  const Json* model = Member(j, "model");
-  if (model == nullptr) return Invalid("model", "required");
-  if (!model->is_string()) return WrongType("model", "a string", *model);
-  out->model = model->get<std::string>();
-
-  std::optional<bool> stream, ignore_eos, echo_stop, token_ids;
+// stream and stream_options.
+absl::Status ParseStreaming(const Json& j, ApiRequest* out) {
+  std::optional<bool> stream;
   RETURN_IF_ERROR(GetBool(j, "stream", &stream));
   out->stream = stream.value_or(false);
   if (const Json* so = Member(j, "stream_options")) {
     if (!so->is_object()) return WrongType("stream_options", "an object", *so);
     if (!out->stream) return Invalid("stream_options", "only allowed with stream: true");
-    std::optional<bool> usage;
     if (const Json* u = Member(*so, "include_usage")) {
       if (!u->is_boolean()) return WrongType("stream_options.include_usage", "a boolean", *u);
-      usage = u->get<bool>();
+      out->include_usage = u->get<bool>();
     }
-    out->include_usage = usage.value_or(false);
   }
-  std::optional<int64_t> n;
-  RETURN_IF_ERROR(GetInt(j, "n", 1, std::numeric_limits<int32_t>::max(), &n));
-  if (n.has_value() && *n != 1) return Invalid("n", absl::StrCat("only 1 choice per request is supported, got ", *n));
+  return absl::OkStatus();
+}
 
-  v1::GenerateRequest& g = out->generate;
-  std::optional<int64_t> max_tokens, max_completion, min_tokens;
-  RETURN_IF_ERROR(GetInt(j, "max_tokens", 1, std::numeric_limits<int32_t>::max(), &max_tokens));
-  RETURN_IF_ERROR(GetInt(j, "max_completion_tokens", 1, std::numeric_limits<int32_t>::max(), &max_completion));
-  if (max_completion) g.set_max_tokens(static_cast<int32_t>(*max_completion));
-  else if (max_tokens) g.set_max_tokens(static_cast<int32_t>(*max_tokens));
-  RETURN_IF_ERROR(GetInt(j, "min_tokens", 0, std::numeric_limits<int32_t>::max(), &min_tokens));
-  if (min_tokens) g.set_min_tokens(static_cast<int32_t>(*min_tokens));
+// Lengths and the sampling parameters.
+absl::Status ParseSampling(const Json& j, v1::GenerateRequest* g) {
+  constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+  std::optional<int64_t> max_tokens, max_completion, min_tokens, top_k, seed;
+  RETURN_IF_ERROR(GetInt(j, "max_tokens", 1, kMaxInt32, &max_tokens));
+  RETURN_IF_ERROR(GetInt(j, "max_completion_tokens", 1, kMaxInt32, &max_completion));
+  if (max_completion) g->set_max_tokens(static_cast<int32_t>(*max_completion));
+  else if (max_tokens) g->set_max_tokens(static_cast<int32_t>(*max_tokens));
+  RETURN_IF_ERROR(GetInt(j, "min_tokens", 0, kMaxInt32, &min_tokens));
+  if (min_tokens) g->set_min_tokens(static_cast<int32_t>(*min_tokens));
 
-  v1::SamplingParams& s = *g.mutable_sampling();
+  v1::SamplingParams& s = *g->mutable_sampling();
   std::optional<double> temperature, top_p, min_p, rep, presence, frequency;
   RETURN_IF_ERROR(GetNumber(j, "temperature", &temperature));
   RETURN_IF_ERROR(GetNumber(j, "top_p", &top_p));
@@ -135,24 +129,27 @@ absl::Status ParseCommon(const Json& j, ApiRequest* out) {
   if (rep) s.set_repetition_penalty(static_cast<float>(*rep));
   if (presence) s.set_presence_penalty(static_cast<float>(*presence));
   if (frequency) s.set_frequency_penalty(static_cast<float>(*frequency));
-  std::optional<int64_t> top_k, seed;
-  RETURN_IF_ERROR(GetInt(j, "top_k", -1, std::numeric_limits<int32_t>::max(), &top_k));
+  RETURN_IF_ERROR(GetInt(j, "top_k", -1, kMaxInt32, &top_k));
   if (top_k && *top_k > 0) s.set_top_k(static_cast<int32_t>(*top_k));  // -1 and 0: off
   RETURN_IF_ERROR(GetInt(j, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), &seed));
   if (seed) s.set_seed(static_cast<uint64_t>(*seed));
+  return absl::OkStatus();
+}
 
-  // Counts before copies: an 8 MiB body must not become millions of strings.
+// stop and stop_token_ids, counted before they are copied: an 8 MiB body must not become
+// millions of strings.
+absl::Status ParseStops(const Json& j, v1::GenerateRequest* g) {
   constexpr size_t kMaxStops = 16, kMaxStopIds = 64;
   if (const Json* stop = Member(j, "stop")) {
     if (stop->is_array() && stop->size() > kMaxStops) {
       return Invalid("stop", absl::StrCat("at most ", kMaxStops, " stop strings, got ", stop->size()));
     }
     if (stop->is_string()) {
-      g.add_stop(stop->get<std::string>());
+      g->add_stop(stop->get<std::string>());
     } else if (stop->is_array()) {
       for (size_t i = 0; i < stop->size(); ++i) {
         if (!(*stop)[i].is_string()) return WrongType(absl::StrCat("stop[", i, "]"), "a string", (*stop)[i]);
-        g.add_stop((*stop)[i].get<std::string>());
+        g->add_stop((*stop)[i].get<std::string>());
       }
     } else {
       return WrongType("stop", "a string or an array of strings", *stop);
@@ -167,28 +164,47 @@ absl::Status ParseCommon(const Json& j, ApiRequest* out) {
       std::optional<int64_t> id;
       RETURN_IF_ERROR(GetInt(absl::StrCat("stop_token_ids[", i, "]"), &(*ids)[i], 0,
                              std::numeric_limits<int32_t>::max(), &id));
-      g.add_stop_token_ids(static_cast<int32_t>(*id));
+      g->add_stop_token_ids(static_cast<int32_t>(*id));
     }
   }
+  return absl::OkStatus();
+}
+
+// Fields whose meaning would be lost silently: refused, not ignored.
+absl::Status RefuseUnsupported(const Json& j) {
+  for (const char* name : {"logit_bias", "functions", "function_call", "prompt_logprobs"}) {
+    if (const Json* v = Member(j, name); v != nullptr && !(v->is_object() && v->empty())) {
+      return Invalid(name, "is not supported");
+    }
+  }
+  if (Member(j, "suffix") != nullptr) return Invalid("suffix", "is not supported");
+  if (const Json* v = Member(j, "best_of"); v != nullptr && !(v->is_number_integer() && v->get<int64_t>() == 1)) {
+    return Invalid("best_of", "is not supported");
+  }
+  return absl::OkStatus();
+}
+
+// The fields the two endpoints share: model, stream, n, lengths, sampling, stops, extras.
+absl::Status ParseCommon(const Json& j, ApiRequest* out) {
+  const Json* model = Member(j, "model");
+  if (model == nullptr) return Invalid("model", "required");
+  if (!model->is_string()) return WrongType("model", "a string", *model);
+  out->model = model->get<std::string>();
+  RETURN_IF_ERROR(ParseStreaming(j, out));
+  std::optional<int64_t> n;
+  RETURN_IF_ERROR(GetInt(j, "n", 1, std::numeric_limits<int32_t>::max(), &n));
+  if (n.has_value() && *n != 1) return Invalid("n", absl::StrCat("only 1 choice per request is supported, got ", *n));
+  v1::GenerateRequest& g = out->generate;
+  RETURN_IF_ERROR(ParseSampling(j, &g));
+  RETURN_IF_ERROR(ParseStops(j, &g));
+  std::optional<bool> ignore_eos, token_ids, echo_stop;
   RETURN_IF_ERROR(GetBool(j, "ignore_eos", &ignore_eos));
   g.set_ignore_eos(ignore_eos.value_or(false));
   RETURN_IF_ERROR(GetBool(j, "return_token_ids", &token_ids));
   out->return_token_ids = token_ids.value_or(false);
   RETURN_IF_ERROR(GetBool(j, "include_stop_str_in_output", &echo_stop));
   g.set_include_stop_str_in_output(echo_stop.value_or(false));
-  // Fields whose meaning would be silently lost: refused, not ignored.
-  for (const char* unsupported : {"logit_bias", "functions", "function_call", "prompt_logprobs"}) {
-    if (const Json* v = Member(j, unsupported); v != nullptr && !(v->is_object() && v->empty())) {
-      return Invalid(unsupported, "is not supported");
-    }
-  }
-  for (const char* unsupported : {"best_of", "suffix"}) {
-    if (const Json* v = Member(j, unsupported)) {
-      if (std::string(unsupported) == "best_of" && v->is_number_integer() && v->get<int64_t>() == 1) continue;
-      return Invalid(unsupported, "is not supported");
-    }
-  }
-  return absl::OkStatus();
+  return RefuseUnsupported(j);
 }
 
 }  // namespace

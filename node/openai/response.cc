@@ -86,11 +86,7 @@ void ResponseSink::StartStream() {
 }
 
 ResponseSink::Json ResponseSink::ChunkEnvelope() const {
-  Json e;
-  e["id"] = meta_.id;
-  e["object"] = endpoint_ == Endpoint::kChat ? "chat.completion.chunk" : "text_completion";
-  e["created"] = meta_.created;
-  e["model"] = meta_.model;
+  Json e = Head(endpoint_ == Endpoint::kChat ? "chat.completion.chunk" : "text_completion");
   Json choice;
   choice["index"] = 0;
   if (endpoint_ == Endpoint::kChat) choice["delta"] = Json::object();
@@ -296,32 +292,38 @@ void ResponseSink::OnFinished(const v1::Finished& f) {
     EndStream();
     return;
   }
-  Json body;
-  body["id"] = meta_.id;
-  body["object"] = endpoint_ == Endpoint::kChat ? "chat.completion" : "text_completion";
-  body["created"] = meta_.created;
-  body["model"] = meta_.model;
+  http::Response r;
+  r.content_type = "application/json";
+  r.body = Dump(WholeBody(finish, f.usage()));
+  responder_->Respond(std::move(r));
+  ended_ = true;
+}
+
+ResponseSink::Json ResponseSink::Head(const char* object) const {
+  Json e;
+  e["id"] = meta_.id;
+  e["object"] = object;
+  e["created"] = meta_.created;
+  e["model"] = meta_.model;
+  return e;
+}
+
+ResponseSink::Json ResponseSink::WholeBody(const char* finish, const v1::Usage& usage) const {
+  Json body = Head(endpoint_ == Endpoint::kChat ? "chat.completion" : "text_completion");
   Json choice;
   choice["index"] = 0;
   if (endpoint_ == Endpoint::kChat) {
-    // Only complete calls: one cut off by the length limit has arguments that are not an object.
-    std::vector<chat::ToolCallDelta> complete;
-    for (const chat::ToolCallDelta& c : calls_) {
-      const Json args = Json::parse(c.arguments, nullptr, false);
-      if (!c.name.empty() && args.is_object()) complete.push_back(c);
-    }
-    calls_ = std::move(complete);
     Json message = {{"role", "assistant"}};
-    message["content"] = calls_.empty() || !content_.empty() ? Json(content_) : Json(nullptr);
-    if (thinking_) message["reasoning_content"] = reasoning_;
-    if (!calls_.empty()) {
-      Json tc = Json::array();
-      for (const chat::ToolCallDelta& c : calls_) {
-        tc.push_back({{"id", c.id}, {"type", "function"},
-                      {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
-      }
-      message["tool_calls"] = std::move(tc);
+    // Only complete calls: one cut off by the length limit has arguments that are not an object.
+    Json tc = Json::array();
+    for (const chat::ToolCallDelta& c : calls_) {
+      if (c.name.empty() || !Json::parse(c.arguments, nullptr, false).is_object()) continue;
+      tc.push_back({{"id", c.id}, {"type", "function"},
+                    {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
     }
+    message["content"] = tc.empty() || !content_.empty() ? Json(content_) : Json(nullptr);
+    if (thinking_) message["reasoning_content"] = reasoning_;
+    if (!tc.empty()) message["tool_calls"] = std::move(tc);
     choice["message"] = std::move(message);
     choice["logprobs"] = logprobs_ ? Json{{"content", logprob_items_}} : Json(nullptr);
   } else {
@@ -331,12 +333,8 @@ void ResponseSink::OnFinished(const v1::Finished& f) {
   choice["finish_reason"] = finish;
   if (return_token_ids_) choice["token_ids"] = token_ids_;
   body["choices"] = Json::array({choice});
-  body["usage"] = Usage(f.usage());
-  http::Response r;
-  r.content_type = "application/json";
-  r.body = Dump(body);
-  responder_->Respond(std::move(r));
-  ended_ = true;
+  body["usage"] = Usage(usage);
+  return body;
 }
 
 }  // namespace dsv4::openai

@@ -53,7 +53,10 @@ class ResponseSink final : public RequestSink {
   void OnError(int status, const std::string& type, const std::string& code, const std::string& message);
   // The parsed delta as a stream chunk's delta, or accumulated for the whole answer.
   void Deliver(const chat::ParsedDelta& delta, Json logprobs, const v1::Chunk* chunk = nullptr);
+  Json Head(const char* object) const;  // id, object, created, model
   Json ChunkEnvelope() const;
+  // The answer as one chat.completion / text_completion body.
+  Json WholeBody(const char* finish, const v1::Usage& usage) const;
   void SendEvent(const Json& event);
   void EndStream();
   Json LogprobsJson(const v1::Chunk& chunk);
