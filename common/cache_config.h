@@ -13,6 +13,9 @@ struct CacheConfig {
   int32_t block_size = 0;          // tokens per context block; 0 = DefaultBlockSize(config)
   int32_t num_blocks = 0;          // context-pool blocks
   int32_t num_slots = 0;           // state-pool slots (max concurrent sequences)
+  // Prefix caching: state-pool rows past the slots that keep a sequence's state at a block
+  // boundary (rows num_slots .. num_slots + num_state_snapshots - 1). 0 = no prefix cache.
+  int32_t num_state_snapshots = 0;
   int32_t max_model_len = 0;       // 0 = max_position_embeddings
   // Tokens one step may carry (the coordinator's step budget), for the memory plan's step
   // scratch; 0 = kDefaultStepTokens.

@@ -27,6 +27,13 @@ struct SamplingSpec {
   int32_t logprobs = 0;           // top-n alternatives to return (0 = none)
 };
 
+// Prefix caching: the sequence's state (sliding-window ring, compressor state) after `position`
+// tokens is copied into state row `row` (a snapshot row, past the state slots) during the step.
+struct StateSnapshotAt {
+  int32_t position = 0;  // a block boundary with start_pos < position <= start_pos + tokens
+  int32_t row = 0;
+};
+
 struct ScheduledSeq {
   uint64_t request_id = 0;
   std::vector<int32_t> tokens;     // this step's tokens: a prefill chunk or one decode token
@@ -41,6 +48,11 @@ struct ScheduledSeq {
   // the token that the previously launched step samples for this request, which the worker feeds
   // without the coordinator having seen it.
   bool deferred_token = false;
+  // Prefix caching (node/scheduler/prefix_cache.h): a hit's first chunk starts from the state
+  // saved in snapshot row `restore_from` (copied into state_slot before the step); -1 = none.
+  int32_t restore_from = -1;
+  // Block boundaries this chunk reaches whose state is kept for later hits.
+  std::vector<StateSnapshotAt> snapshots;
 };
 
 constexpr int32_t kDeferredToken = -1;
@@ -66,6 +78,19 @@ struct StepPlan {
     return n;
   }
 };
+
+// A snapshot before the end of its chunk is taken by the forward's own ops (RingSnapshot,
+// CompressSnapshot), which graphs do not capture: such a step runs eagerly. One at the chunk's end
+// is a row copy after the forward, which any step may have.
+inline bool HasInStepSnapshots(const StepPlan& plan) {
+  for (const ScheduledSeq& s : plan.seqs) {
+    const int32_t end = s.start_pos + static_cast<int32_t>(s.tokens.size());
+    for (const StateSnapshotAt& at : s.snapshots) {
+      if (at.position < end) return true;
+    }
+  }
+  return false;
+}
 
 struct SampledToken {
   uint64_t request_id = 0;

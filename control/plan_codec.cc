@@ -42,6 +42,7 @@ void ToProto(const CacheConfig& c, pb::CacheLayout* out) {
   out->set_max_model_len(c.max_model_len);
   out->set_max_step_tokens(c.max_step_tokens);
   out->set_max_graph_tokens(c.max_graph_tokens);
+  out->set_num_state_snapshots(c.num_state_snapshots);
 }
 
 CacheConfig FromProto(const pb::CacheLayout& c) {
@@ -52,6 +53,7 @@ CacheConfig FromProto(const pb::CacheLayout& c) {
   out.max_model_len = c.max_model_len();
   out.max_step_tokens = c.max_step_tokens();
   out.max_graph_tokens = c.max_graph_tokens();
+  out.num_state_snapshots = c.num_state_snapshots();
   return out;
 }
 
@@ -109,6 +111,26 @@ void ToProto(const StepPlan& plan, pb::Step* out) {
     out->add_output_index(s.output_index);
     out->add_flags((s.sample ? 1u : 0u) | (s.deferred_token ? 2u : 0u));
   }
+  bool restores = false, snapshots = false;
+  for (const ScheduledSeq& s : plan.seqs) {
+    restores |= s.restore_from >= 0;
+    snapshots |= !s.snapshots.empty();
+  }
+  if (restores) {
+    for (const ScheduledSeq& s : plan.seqs) out->add_restore_rows(s.restore_from);
+  }
+  if (snapshots) {
+    int32_t at = 0;
+    out->add_snapshot_offsets(0);
+    for (const ScheduledSeq& s : plan.seqs) {
+      for (const StateSnapshotAt& snap : s.snapshots) {
+        out->add_snapshot_positions(snap.position);
+        out->add_snapshot_rows(snap.row);
+      }
+      at += static_cast<int32_t>(s.snapshots.size());
+      out->add_snapshot_offsets(at);
+    }
+  }
   out->mutable_released()->Add(plan.released.begin(), plan.released.end());
   out->set_graph_mode(static_cast<int32_t>(plan.graph_mode));
   out->set_padded_tokens(plan.padded_tokens);
@@ -149,6 +171,18 @@ absl::StatusOr<StepPlan> FromProto(const pb::Step& step,
   }
   RETURN_IF_ERROR(CheckOffsets(step.token_offsets(), n, step.tokens_size(), "token_offsets"));
   RETURN_IF_ERROR(CheckOffsets(step.block_offsets(), n, step.block_table_size(), "block_offsets"));
+  if (step.restore_rows_size() != 0 && step.restore_rows_size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat("Step.restore_rows has ",
+                                                   step.restore_rows_size(), " entries for ", n,
+                                                   " sequences"));
+  }
+  if (step.snapshot_positions_size() != step.snapshot_rows_size()) {
+    return absl::InvalidArgumentError("Step.snapshot_positions and snapshot_rows differ in size");
+  }
+  if (step.snapshot_offsets_size() != 0 || step.snapshot_positions_size() != 0) {
+    RETURN_IF_ERROR(CheckOffsets(step.snapshot_offsets(), n, step.snapshot_positions_size(),
+                                 "snapshot_offsets"));
+  }
   if (step.graph_mode() < 0 || step.graph_mode() > static_cast<int32_t>(GraphMode::kFull)) {
     return absl::InvalidArgumentError(absl::StrCat("Step.graph_mode ", step.graph_mode(),
                                                    " is not 0 (eager), 1 (piecewise) or 2 (full)"));
@@ -182,6 +216,12 @@ absl::StatusOr<StepPlan> FromProto(const pb::Step& step,
     }
     s.sample = (flags & 1u) != 0;
     s.deferred_token = (flags & 2u) != 0;
+    if (step.restore_rows_size() != 0) s.restore_from = step.restore_rows(i);
+    if (step.snapshot_offsets_size() != 0) {
+      for (int k = step.snapshot_offsets(i); k < step.snapshot_offsets(i + 1); ++k) {
+        s.snapshots.push_back({step.snapshot_positions(k), step.snapshot_rows(k)});
+      }
+    }
     if (s.start_pos < 0 || s.prompt_len < 0 || s.output_index < 0) {
       return absl::InvalidArgumentError(absl::StrCat("Step sequence ", i, ": a negative position"));
     }

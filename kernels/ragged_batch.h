@@ -26,6 +26,12 @@ struct RaggedBatchView {
   int32_t block_stride = 0;
   int32_t block_size = 0;                  // tokens per context block
   bool force_indexer_scoring = false;
+  // Prefix caching: state snapshots taken inside this step, at block boundaries before the end of
+  // their sequence's chunk (StateSnapshotAt): sequence, position and state row of each.
+  int32_t num_snapshots = 0;
+  const int32_t* snap_seq = nullptr;       // [num_snapshots]
+  const int32_t* snap_pos = nullptr;       // [num_snapshots]
+  const int32_t* snap_row = nullptr;       // [num_snapshots]
 };
 
 // Row of compressed entry `w` (ratio m) of sequence `s` inside an entry pool laid out as

@@ -89,7 +89,9 @@ Engine::Engine(EngineConfig config, std::unique_ptr<Worker> worker, const Tokeni
       worker_info_(worker_->info()),
       tokenizer_(tokenizer),
       metrics_(metrics),
-      kv_(worker_info_.num_blocks, worker_info_.num_slots, worker_info_.block_size),
+      kv_(worker_info_.num_blocks, worker_info_.num_slots, worker_info_.block_size,
+          config.enable_prefix_caching ? worker_info_.num_state_snapshots : 0,
+          config.prefix_cache_salt),
       scheduler_(config.scheduler, &kv_) {
   // (`on` with a worker that takes one step at a time, e.g. while it profiles ops: off, logged.)
   overlap_ = OverlapActive(config.overlap, worker_info_);
@@ -540,7 +542,7 @@ void Engine::Finish(Live* r, FinishReason reason, const StopInfo& stop, const st
   u->set_prompt_tokens(r->prompt_tokens);
   u->set_completion_tokens(r->processor->completion_tokens());
   u->set_reasoning_tokens(r->processor->reasoning_tokens());
-  u->set_cached_prompt_tokens(0);
+  u->set_cached_prompt_tokens(scheduler_.CachedTokens(r->id));
   v1::Timings* tm = f->mutable_timings();
   tm->set_queue_seconds(r->scheduled ? Seconds(r->first_scheduled - r->arrival) : Seconds(now - r->arrival));
   tm->set_time_to_first_token_seconds(r->has_token ? Seconds(r->first_token - r->arrival) : 0);
@@ -612,6 +614,7 @@ void Engine::RefreshCounts() {
   stats_.free_blocks = kv_.free_blocks();
   stats_.free_slots = kv_.free_slots();
   stats_.kv_usage = kv_.usage();
+  stats_.prefix_cache_blocks = kv_.cached_blocks();
 }
 
 void Engine::PublishStats() {
@@ -624,6 +627,21 @@ void Engine::PublishStats() {
     metrics_->running->Set(stats_.running);
     metrics_->waiting->Set(stats_.waiting + static_cast<double>(inbox_.size()));
     metrics_->kv_usage->Set(stats_.kv_usage);
+    metrics_->prefix_cache_blocks->Set(stats_.prefix_cache_blocks);
+    // Counters follow the scheduler's and the block manager's running totals.
+    auto follow = [](prometheus::Counter* c, uint64_t total, uint64_t* seen) {
+      if (total > *seen) c->Increment(static_cast<double>(total - *seen));
+      *seen = total;
+    };
+    follow(metrics_->prefix_cache_queries, scheduler_.prefix_query_tokens(),
+           &stats_.prefix_cache_query_tokens);
+    follow(metrics_->prefix_cache_hits, scheduler_.prefix_hit_tokens(),
+           &stats_.prefix_cache_hit_tokens);
+    follow(metrics_->prefix_cache_evictions, kv_.evictions(), &stats_.prefix_cache_evictions);
+  } else {
+    stats_.prefix_cache_query_tokens = scheduler_.prefix_query_tokens();
+    stats_.prefix_cache_hit_tokens = scheduler_.prefix_hit_tokens();
+    stats_.prefix_cache_evictions = kv_.evictions();
   }
 }
 

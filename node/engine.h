@@ -72,6 +72,11 @@ struct EngineConfig {
   // CUDA graphs: each step's mode and padding (graph_policy.h), only when the worker runs graphs.
   GraphConfig graphs;
   OverlapMode overlap = OverlapMode::kAuto;
+  // Prefix caching, over the workers' snapshot rows (WorkerInfo::num_state_snapshots; none: off).
+  // The salt names the model and everything else that changes the state (cache keys start
+  // from it).
+  bool enable_prefix_caching = true;
+  uint64_t prefix_cache_salt = 0;
   // Called on the engine's thread when the worker breaks (a rank lost: false) and once Recover()
   // brought it back (true): the node's health follows it.
   std::function<void(bool healthy, const absl::Status& why)> on_worker_health;
@@ -90,6 +95,9 @@ struct EngineStats {
   uint64_t steps = 0;
   uint64_t preemptions = 0;
   uint64_t overlapped_steps = 0;  // launched while the previous step was still running
+  int32_t prefix_cache_blocks = 0;
+  uint64_t prefix_cache_query_tokens = 0, prefix_cache_hit_tokens = 0;
+  uint64_t prefix_cache_evictions = 0;
 };
 
 class Engine {

@@ -80,6 +80,14 @@ NodeMetrics::NodeMetrics(std::shared_ptr<prometheus::Registry> registry)
   running = gauge("dsv4_num_requests_running", "Requests being scheduled (holding KV)");
   waiting = gauge("dsv4_num_requests_waiting", "Requests queued for admission");
   kv_usage = gauge("dsv4_kv_cache_usage_ratio", "Fraction of KV context blocks in use");
+  prefix_cache_queries = counter("dsv4_prefix_cache_queries_total",
+                                 "Tokens of admitted requests looked up in the prefix cache");
+  prefix_cache_hits = counter("dsv4_prefix_cache_hits_total",
+                              "Tokens of admitted requests found in the prefix cache (not prefilled)");
+  prefix_cache_evictions = counter("dsv4_prefix_cache_evictions_total",
+                                   "Cached prefix blocks evicted to make room");
+  prefix_cache_blocks = gauge("dsv4_prefix_cache_blocks",
+                              "Blocks in the prefix cache (shared or idle)");
   ready = gauge("dsv4_node_ready", "1 once the model is loaded and warmed up and the node is not "
                                    "draining");
   worker_up_family_ = &BuildGauge()

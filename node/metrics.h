@@ -65,6 +65,12 @@ class NodeMetrics {
   prometheus::Histogram* graph_capture_seconds;
   // Overlapped decode (--overlap-steps): steps launched while the previous one still ran.
   prometheus::Counter* overlapped_steps;
+  // Prefix cache (node/scheduler/kv_block_manager.h): tokens looked up and found at admission,
+  // cached blocks evicted, cached blocks now.
+  prometheus::Counter* prefix_cache_queries;
+  prometheus::Counter* prefix_cache_hits;
+  prometheus::Counter* prefix_cache_evictions;
+  prometheus::Gauge* prefix_cache_blocks;
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;

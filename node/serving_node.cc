@@ -1,5 +1,6 @@
 #include "node/serving_node.h"
 
+#include <functional>
 #include <mutex>
 
 #include <google/protobuf/stubs/logging.h>
@@ -202,6 +203,14 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
   cache.max_graph_tokens = MaxGraphTokens(graphs, o.max_batched_tokens, o.max_num_seqs);
   const int64_t per_seq = (model_len + cache.block_size - 1) / cache.block_size;
   cache.num_blocks = o.kv_blocks > 0 ? o.kv_blocks : static_cast<int32_t>(per_seq * o.max_num_seqs);
+  // Every cached block keeps the sequence's state at its end in a snapshot row (as large as a
+  // state slot): the rows bound the cache.
+  if (o.enable_prefix_caching) {
+    cache.num_state_snapshots =
+        o.prefix_cache_max_blocks > 0
+            ? std::min(o.prefix_cache_max_blocks, cache.num_blocks)
+            : static_cast<int32_t>(std::min<int64_t>(cache.num_blocks, 4 * int64_t{o.max_num_seqs}));
+  }
   WorkerConfig wc;
   wc.precision = o.precision;
   wc.weight_format = o.weight_format;
@@ -235,6 +244,13 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
   ec.force_indexer_scoring = o.force_indexer_scoring;
   ec.graphs = graphs;
   ec.overlap = overlap;
+  ec.enable_prefix_caching = o.enable_prefix_caching;
+  // Cache keys start from what makes the state: the weights and how they are computed.
+  ec.prefix_cache_salt = std::hash<std::string>{}(absl::StrCat(
+      wc.source, "|", o.precision, "|", o.weight_format, "|", o.seed, "|", cache.block_size));
+  LogInfo("prefix_cache", {{"enabled", o.enable_prefix_caching && winfo.num_state_snapshots > 0},
+                           {"max_blocks", static_cast<int64_t>(winfo.num_state_snapshots)},
+                           {"block_size", static_cast<int64_t>(winfo.block_size)}});
   // A lost worker rank takes the node out of service (grpc.health.v1 NOT_SERVING) until the
   // worker recovers; a drain keeps it out.
   ServingNode* self = n.get();

@@ -53,6 +53,10 @@ struct NodeOptions {
   int32_t max_prefill_chunk = 0;
   int32_t kv_blocks = 0;            // 0 = max_num_seqs x max_model_len worth
   int32_t block_size = 0;           // 0 = the model's default
+  // Prefix caching (docs/prefix-caching.md): blocks the cache may keep, each with a state
+  // snapshot row on every worker (0 = min(kv_blocks, 4 x max_num_seqs)).
+  bool enable_prefix_caching = true;
+  int32_t prefix_cache_max_blocks = 0;
   int32_t max_waiting = 256;
   int32_t default_max_tokens = 1024;
   int threads = 0;                  // BLAS threads

@@ -72,6 +72,7 @@ CpuWorker::CpuWorker(std::unique_ptr<Dsv4Model> model, std::string device)
 void CpuWorker::DescribeModel() {
   info_.num_blocks = model_->cache().num_blocks;
   info_.num_slots = model_->cache().num_slots;
+  info_.num_state_snapshots = model_->cache().num_state_snapshots;
   info_.block_size = model_->cache().block_size;
   info_.max_model_len = model_->cache().max_model_len;
 }
@@ -150,7 +151,7 @@ absl::StatusOr<StepResult> CpuWorker::Execute(const StepPlan& plan) {
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& s = plan.seqs[i];
     History& h = history_[s.request_id];
-    if (s.start_pos == 0) h = History{};
+    if (s.start_pos == 0 || s.restore_from >= 0) h = History{};
     for (size_t k = 0; k < s.tokens.size(); ++k) {
       ++h.seen[s.tokens[k]];
       if (s.start_pos + static_cast<int32_t>(k) >= s.prompt_len) ++h.outputs[s.tokens[k]];

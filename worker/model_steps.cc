@@ -18,6 +18,8 @@ absl::StatusOr<std::vector<SequenceStep>> ModelSteps(const StepPlan& plan) {
     step.block_table = s.block_table;
     step.logits = s.sample ? SequenceStep::Logits::kLast : SequenceStep::Logits::kNone;
     step.deferred_token = s.deferred_token;
+    step.restore_from = s.restore_from;
+    step.snapshots = s.snapshots;
     steps.push_back(step);
   }
   return steps;

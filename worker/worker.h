@@ -26,6 +26,7 @@ struct WorkerInfo {
   std::string precision;    // of the matrices: "fp32" (the CPU worker), "bf16" or "fp32" (GPU)
   int32_t num_blocks = 0;   // context-pool blocks (0 until loaded)
   int32_t num_slots = 0;    // state slots (max concurrent sequences)
+  int32_t num_state_snapshots = 0;  // prefix-cache state rows past the slots
   int32_t block_size = 0;   // tokens per block
   int32_t max_model_len = 0;
   bool cuda_graphs = false;  // runs FULL / PIECEWISE plans (the CUDA worker); others run eager

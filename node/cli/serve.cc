@@ -62,6 +62,12 @@ class Serve final : public Command {
     app.add_option("--kv-blocks", o_.kv_blocks,
                    "KV context blocks (0 = max-num-seqs x max-model-len worth)")
         ->check(CLI::Range(0, 1 << 24));
+    app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o_.enable_prefix_caching,
+                   "reuse the KV blocks and state of shared prompt prefixes (on by default)");
+    app.add_option("--prefix-cache-max-blocks", o_.prefix_cache_max_blocks,
+                   "blocks the prefix cache may keep, each with a state snapshot on every worker "
+                   "(0 = min(kv-blocks, 4 x max-num-seqs))")
+        ->check(CLI::Range(0, 1 << 24));
     app.add_option("--max-waiting", o_.max_waiting, "queued requests before RESOURCE_EXHAUSTED")
         ->check(CLI::Range(1, 1 << 20));
     app.add_option("--default-max-tokens", o_.default_max_tokens,

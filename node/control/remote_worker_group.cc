@@ -225,7 +225,8 @@ absl::Status RemoteWorkerGroup::Load(const LoadProgressFn& progress) {
   for (size_t r = 1; r < replies.size(); ++r) {
     const cpb::Loaded& l = replies[r].loaded();
     if (l.num_blocks() != l0.num_blocks() || l.num_slots() != l0.num_slots() ||
-        l.block_size() != l0.block_size() || l.max_model_len() != l0.max_model_len()) {
+        l.block_size() != l0.block_size() || l.max_model_len() != l0.max_model_len() ||
+        l.num_state_snapshots() != l0.num_state_snapshots()) {
       return Break(absl::FailedPreconditionError(absl::StrCat(
           "rank ", r, " allocated ", l.num_blocks(), " blocks / ", l.num_slots(),
           " slots; rank 0 has ", l0.num_blocks(), " / ", l0.num_slots())));
@@ -236,6 +237,7 @@ absl::Status RemoteWorkerGroup::Load(const LoadProgressFn& progress) {
   info_.num_slots = l0.num_slots();
   info_.block_size = l0.block_size();
   info_.max_model_len = l0.max_model_len();
+  info_.num_state_snapshots = l0.num_state_snapshots();
   stage_ = 2;
   return absl::OkStatus();
 }

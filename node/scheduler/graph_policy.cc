@@ -106,6 +106,9 @@ GraphChoice ChooseGraph(const StepPlan& plan, const GraphConfig& config,
                         bool worker_supports_graphs) {
   const int64_t tokens = plan.num_tokens();
   if (!worker_supports_graphs || config.mode == CudaGraphMode::kNone || tokens == 0) return {};
+  // Prefix-cache snapshots inside a chunk are taken by ops graphs do not capture (by design, not
+  // a fallback).
+  if (HasInStepSnapshots(plan)) return {};
   const bool uniform_decode =
       std::all_of(plan.seqs.begin(), plan.seqs.end(),
                   [](const ScheduledSeq& s) { return s.tokens.size() == 1; });

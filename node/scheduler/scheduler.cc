@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <utility>
 
 namespace dsv4 {
 
@@ -26,6 +27,7 @@ void Scheduler::InsertWaiting(Req* r) {
 void Scheduler::Preempt(Req* r) {
   kv_->Release(&r->kv);
   r->computed = 0;
+  r->restore_row = -1;
   r->running = false;
   ++r->preemptions;
   running_.erase(std::find(running_.begin(), running_.end(), r->r.id));
@@ -33,8 +35,16 @@ void Scheduler::Preempt(Req* r) {
   releases_.push_back(r->r.id);
 }
 
-ScheduledSeq Scheduler::Emit(Req* r, int32_t n) const {
+ScheduledSeq Scheduler::Emit(Req* r, int32_t n) {
   ScheduledSeq s;
+  s.restore_from = std::exchange(r->restore_row, -1);
+  // A snapshot at every block boundary the chunk reaches (the state there, for later hits).
+  const int32_t bs = kv_->block_size();
+  for (int64_t b = (r->computed / bs + 1) * bs; kv_->caching() && b <= r->computed + n; b += bs) {
+    const int32_t row = kv_->SnapshotRow(&r->kv, static_cast<int32_t>(b / bs - 1));
+    if (row < 0) break;
+    s.snapshots.push_back({static_cast<int32_t>(b), row});
+  }
   s.request_id = r->r.id;
   s.tokens.reserve(n);
   for (int32_t i = 0; i < n; ++i) s.tokens.push_back(r->Token(r->computed + i));
@@ -112,11 +122,12 @@ StepPlan Scheduler::Schedule(std::vector<uint64_t>* preempted) {
   while (!waiting_.empty() && budget > 0 &&
          static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
     Req& r = reqs_.at(waiting_.front());
-    const int64_t remaining = r.known() - r.computed;
+    const PrefixHit hit = LookupPrefix(r);
+    const int64_t start = hit.tokens(kv_->block_size());
+    const int64_t remaining = r.known() - start;
     const int32_t n = static_cast<int32_t>(std::min({remaining, budget, chunk_cap}));
-    if (!kv_->CanAdmit(r.computed + n)) break;
-    kv_->AcquireSlot(&r.kv);
-    kv_->Reserve(&r.kv, r.computed + n);
+    if (!kv_->CanAdmit(start + n, hit)) break;
+    Admit(&r, hit, start + n);
     waiting_.pop_front();
     r.running = true;
     auto pos = std::find_if(running_.begin(), running_.end(),
@@ -129,11 +140,39 @@ StepPlan Scheduler::Schedule(std::vector<uint64_t>* preempted) {
   return plan;
 }
 
+PrefixHit Scheduler::LookupPrefix(const Req& r) const {
+  if (!kv_->caching() || r.computed != 0) return {};
+  if (const SamplingSpec* p = r.r.sampling.get();
+      p != nullptr && (p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f ||
+                       p->frequency_penalty != 0.0f)) {
+    return {};
+  }
+  std::vector<int32_t> tokens;
+  tokens.reserve(static_cast<size_t>(r.known()));
+  for (int64_t i = 0; i < r.known(); ++i) tokens.push_back(r.Token(i));
+  return kv_->Lookup(tokens);
+}
+
+void Scheduler::Admit(Req* r, const PrefixHit& hit, int64_t tokens) {
+  kv_->AcquireSlot(&r->kv);
+  kv_->Share(&r->kv, hit);
+  kv_->Reserve(&r->kv, tokens);
+  r->computed = static_cast<int32_t>(hit.tokens(kv_->block_size()));
+  r->restore_row = hit.restore_row;
+  if (kv_->caching()) {
+    prefix_query_tokens_ += static_cast<uint64_t>(r->known());
+    prefix_hit_tokens_ += static_cast<uint64_t>(r->computed);
+  }
+  if (r->cached_tokens < 0) r->cached_tokens = r->computed;
+}
+
 void Scheduler::Commit(const StepPlan& plan) {
   for (const ScheduledSeq& s : plan.seqs) {
     auto it = reqs_.find(s.request_id);
     if (it == reqs_.end() || !it->second.running) continue;
-    it->second.computed = s.start_pos + static_cast<int32_t>(s.tokens.size());
+    Req& r = it->second;
+    r.computed = s.start_pos + static_cast<int32_t>(s.tokens.size());
+    kv_->Commit(&r.kv, r.computed, [&r](int64_t i) { return r.Token(i); });
   }
 }
 
@@ -213,6 +252,11 @@ bool Scheduler::Remove(uint64_t id) {
 const std::vector<int32_t>* Scheduler::Output(uint64_t id) const {
   auto it = reqs_.find(id);
   return it == reqs_.end() ? nullptr : &it->second.output;
+}
+
+int32_t Scheduler::CachedTokens(uint64_t id) const {
+  auto it = reqs_.find(id);
+  return it == reqs_.end() ? 0 : std::max(it->second.cached_tokens, 0);
 }
 
 int32_t Scheduler::Preemptions(uint64_t id) const {

@@ -8,6 +8,11 @@
 //   2. running requests in the middle of a chunked prefill continue, up to the budget;
 //   3. waiting requests are admitted first come, first served while a state slot, KV blocks and
 //      budget are available; admission stops at the first that does not fit (no overtaking).
+//      With the prefix cache on (KvBlockManager::caching), an admitted request starts after the
+//      cached blocks its tokens begin with: it shares them, its first chunk restores the state
+//      snapshot of the last one, and every block boundary its chunks reach gets a snapshot.
+//      Requests with repetition/presence/frequency penalties are not served from the cache (their
+//      counts need every token); they still fill it.
 // Prefill chunks are capped by the budget and by max_prefill_chunk.
 //
 // Overlapped decode (the engine's step N+1 planned while step N runs): AppendPending records that a
@@ -78,6 +83,11 @@ class Scheduler {
   // Generated tokens so far (for tests and recompute).
   const std::vector<int32_t>* Output(uint64_t id) const;
   int32_t Preemptions(uint64_t id) const;
+  // Prompt tokens served from the prefix cache at the request's first admission.
+  int32_t CachedTokens(uint64_t id) const;
+  // Prefix-cache lookups so far, in tokens: looked up (every admission's known tokens) and hit.
+  uint64_t prefix_query_tokens() const { return prefix_query_tokens_; }
+  uint64_t prefix_hit_tokens() const { return prefix_hit_tokens_; }
 
  private:
   struct Req {
@@ -90,6 +100,8 @@ class Scheduler {
     int32_t preemptions = 0;
     int32_t pending = 0;  // trailing outputs whose value an in-flight step has not returned yet
     uint64_t scheduled_step = ~uint64_t{0};  // the step that last scheduled it
+    int32_t restore_row = -1;   // the next chunk starts from this prefix-cache snapshot
+    int32_t cached_tokens = -1;  // served from the cache at the first admission (-1: not yet)
     int64_t known() const { return static_cast<int64_t>(r.prompt.size() + output.size()); }
     int32_t Token(int64_t i) const {
       return i < static_cast<int64_t>(r.prompt.size()) ? r.prompt[i] : output[i - r.prompt.size()];
@@ -97,7 +109,11 @@ class Scheduler {
   };
   void Preempt(Req* r);
   void InsertWaiting(Req* r);
-  ScheduledSeq Emit(Req* r, int32_t n) const;
+  ScheduledSeq Emit(Req* r, int32_t n);
+  // The cached prefix `r` can start from (nothing when caching is off or `r` has computed
+  // tokens or uses penalties).
+  PrefixHit LookupPrefix(const Req& r) const;
+  void Admit(Req* r, const PrefixHit& hit, int64_t tokens);
 
   SchedulerConfig config_;
   KvBlockManager* kv_;
@@ -107,6 +123,7 @@ class Scheduler {
   std::vector<uint64_t> releases_;
   uint64_t next_arrival_ = 0;
   uint64_t next_step_ = 0;
+  uint64_t prefix_query_tokens_ = 0, prefix_hit_tokens_ = 0;
 };
 
 }  // namespace dsv4

@@ -16,6 +16,7 @@
 #include "kernels/moe_ref.h"
 #include "kernels/rms_norm_ref.h"
 #include "kernels/rope_ref.h"
+#include "kernels/state_snapshot_ref.h"
 #include "parallel/communicator.h"
 #include "worker/checkpoint/stored_weight.h"
 #include "worker/model/op_checks.h"
@@ -329,6 +330,37 @@ absl::Status CpuBackend::Attention(const AttentionParams& p, const Tensor& q, co
 absl::Status CpuBackend::RingWrite(const Tensor& kv, Tensor ring) {
   RETURN_IF_ERROR(op_checks::RingWrite(kv, ring, view_.num_tokens));
   RingWriteRef(ring.dim(2), ring.dim(1), view_, kv.ptr<float>(), ring.ptr<float>());
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::RingSnapshot(const Tensor& kv, Tensor ring) {
+  RETURN_IF_ERROR(op_checks::RingWrite(kv, ring, view_.num_tokens));
+  RingSnapshotRef(ring.dim(2), ring.dim(1), view_, kv.ptr<float>(), ring.ptr<float>());
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::CompressSnapshot(const CompressParams& p, const Tensor& a,
+                                          const Tensor& z, Tensor state) {
+  RETURN_IF_ERROR(op_checks::CompressSnapshot(p, a, z, state, view_.num_tokens));
+  CompressorShape s;
+  s.ratio = p.ratio;
+  s.overlap = p.overlap;
+  s.dim = p.dim;
+  CompressSnapshotRef(s, view_, a.ptr<float>(), z.ptr<float>(), p.position_bias.ptr<float>(),
+                      state.ptr<float>());
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::CopyStateRows(std::span<const Tensor> pools,
+                                       std::span<const std::pair<int32_t, int32_t>> copies) {
+  for (const Tensor& pool : pools) {
+    RETURN_IF_ERROR(op_checks::CopyStateRows(pool, copies));
+    const int64_t row = pool.numel() / pool.dim(0);
+    for (auto [src, dst] : copies) {
+      std::memcpy(pool.ptr<float>() + dst * row, pool.ptr<float>() + src * row,
+                  sizeof(float) * row);
+    }
+  }
   return absl::OkStatus();
 }
 

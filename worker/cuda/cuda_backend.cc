@@ -20,6 +20,7 @@
 #include "common/status.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/compressor.h"
+#include "kernels/cuda/state_snapshot.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/fp8_linear.h"
 #include "kernels/cuda/moe_quant.h"
@@ -433,9 +434,15 @@ absl::Status CudaBackend::BeginStep(const StepMeta& meta) {
           static_cast<int64_t>(S) * meta.block_stride) {
     return absl::InvalidArgumentError("cuda backend: inconsistent step metadata");
   }
-  // One int32 array: ids, positions, token_seq, seq_begin, start_pos, slots, block table, rows.
-  const int64_t words =
-      3 * int64_t{T} + (S + 1) + 2 * int64_t{S} + static_cast<int64_t>(meta.block_table.size()) + R;
+  // One int32 array: ids, positions, token_seq, seq_begin, start_pos, slots, block table, rows,
+  // then the in-step snapshots (sequence, position, row of each).
+  const int64_t K = static_cast<int64_t>(meta.snap_seq.size());
+  if (static_cast<int64_t>(meta.snap_pos.size()) != K ||
+      static_cast<int64_t>(meta.snap_row.size()) != K) {
+    return absl::InvalidArgumentError("cuda backend: inconsistent snapshot metadata");
+  }
+  const int64_t words = 3 * int64_t{T} + (S + 1) + 2 * int64_t{S} +
+                        static_cast<int64_t>(meta.block_table.size()) + R + 3 * K;
   // Then the caller's payload (SetStepPayload), 16-byte aligned.
   const size_t payload_at = (sizeof(int32_t) * static_cast<size_t>(words) + 15) / 16 * 16;
   const size_t bytes = payload_bytes > 0 ? payload_at + payload_bytes
@@ -477,6 +484,10 @@ absl::Status CudaBackend::BeginStep(const StepMeta& meta) {
   view_.force_indexer_scoring = meta.force_indexer_scoring;
   logit_rows_ = put(meta.logit_rows);
   num_logit_rows_ = static_cast<int32_t>(R);
+  view_.num_snapshots = static_cast<int32_t>(K);
+  view_.snap_seq = put(meta.snap_seq);
+  view_.snap_pos = put(meta.snap_pos);
+  view_.snap_row = put(meta.snap_row);
   max_position_ =
       meta.positions.empty() ? -1 : *std::max_element(meta.positions.begin(), meta.positions.end());
   max_position_bound_ = meta.max_position_bound;
@@ -1258,6 +1269,38 @@ absl::Status CudaBackend::RingWrite(const Tensor& kv, Tensor ring) {
     return cuda::RingWrite(kv.ptr<float>(), ring.dim(2), ring.dim(1), view_, ring.ptr<float>(),
                            cur_stream());
   });
+}
+
+absl::Status CudaBackend::RingSnapshot(const Tensor& kv, Tensor ring) {
+  RETURN_IF_ERROR(op_checks::RingWrite(kv, ring, view_.num_tokens));
+  if (skip() || view_.num_snapshots == 0) return absl::OkStatus();
+  return cuda::RingSnapshot(kv.ptr<float>(), ring.dim(2), ring.dim(1), view_, ring.ptr<float>(),
+                            cur_stream());
+}
+
+absl::Status CudaBackend::CompressSnapshot(const CompressParams& p, const Tensor& a,
+                                           const Tensor& z, Tensor state) {
+  RETURN_IF_ERROR(op_checks::CompressSnapshot(p, a, z, state, view_.num_tokens));
+  if (skip() || view_.num_snapshots == 0) return absl::OkStatus();
+  CompressorShape s;
+  s.ratio = p.ratio;
+  s.overlap = p.overlap;
+  s.dim = p.dim;
+  return cuda::CompressSnapshot(s, view_, a.ptr<float>(), z.ptr<float>(), F(p.position_bias),
+                                state.ptr<float>(), cur_stream());
+}
+
+absl::Status CudaBackend::CopyStateRows(std::span<const Tensor> pools,
+                                        std::span<const std::pair<int32_t, int32_t>> copies) {
+  if (copies.empty()) return absl::OkStatus();
+  std::vector<cuda::StatePool> table;
+  table.reserve(pools.size());
+  for (const Tensor& pool : pools) {
+    RETURN_IF_ERROR(op_checks::CopyStateRows(pool, copies));
+    table.push_back({pool.ptr<float>(), pool.numel() / pool.dim(0)});
+  }
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  return cuda::CopyStateRows(table, copies, stream_.get());
 }
 
 absl::Status CudaBackend::Route(const RouterParams& p, const Tensor& logits, const Tensor& bias,

@@ -118,6 +118,11 @@ class CudaBackend final : public Backend {
                          const Tensor& ring, const Tensor& entries, const Tensor& selected,
                          const Tensor& sinks, Tensor out) override;
   absl::Status RingWrite(const Tensor& kv, Tensor ring) override;
+  absl::Status RingSnapshot(const Tensor& kv, Tensor ring) override;
+  absl::Status CompressSnapshot(const CompressParams& p, const Tensor& a, const Tensor& z,
+                                Tensor state) override;
+  absl::Status CopyStateRows(std::span<const Tensor> pools,
+                             std::span<const std::pair<int32_t, int32_t>> copies) override;
   absl::Status Route(const RouterParams& p, const Tensor& logits, const Tensor& bias,
                      const Tensor& tid2eid, Tensor idx, Tensor weights) override;
   absl::Status MoeExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,

@@ -95,6 +95,7 @@ absl::Status CudaWorker::Load(const LoadProgressFn& progress) {
   RETURN_IF_ERROR(Setup());
   info_.num_blocks = model_->cache().num_blocks;
   info_.num_slots = model_->cache().num_slots;
+  info_.num_state_snapshots = model_->cache().num_state_snapshots;
   info_.block_size = model_->cache().block_size;
   info_.max_model_len = model_->cache().max_model_len;
   // Op profiling brackets one step at a time.
@@ -267,6 +268,8 @@ absl::Status CudaWorker::LaunchStep(const StepPlan& plan) {
   }
   RETURN_IF_ERROR(RunForwardAndSample(mode, padded, counts.rows, staged, dev_rows, dev_mask,
                                       &f.graph));
+  // Prefix-cache snapshots at the chunks' ends: row copies after the forward, outside any graph.
+  RETURN_IF_ERROR(model_->FinishStep());
   if (time_steps_) CUDA_RETURN_IF_ERROR(cudaEventRecord(st.post.get(), stream));
   CUDA_RETURN_IF_ERROR(cudaEventRecord(st.done.get(), stream));
   backend_->ProfileRelease();

@@ -24,8 +24,9 @@ GraphMode GraphRunner::Choose(const StepPlan& plan, int32_t padded_seqs, bool en
     const int32_t padded = plan.padded_tokens;
     const bool fits = padded >= T && S + (T < padded ? 1 : 0) <= padded_seqs;
     const bool full_ok = mode != GraphMode::kFull || !full_[padded].failed;
-    // Op profiling times eager launches only.
-    if (enforce_eager || !fits || !full_ok || backend_->profile() != nullptr) {
+    // Op profiling times eager launches only; in-step snapshots are not captured.
+    if (enforce_eager || !fits || !full_ok || backend_->profile() != nullptr ||
+        HasInStepSnapshots(plan)) {
       mode = GraphMode::kEager;
       run->fallback = true;
       ++stats_.fallbacks;

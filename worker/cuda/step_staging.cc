@@ -64,7 +64,7 @@ StepCounts StepStaging::Count(const StepPlan& plan) {
     if (s.sampling != nullptr && UsesPenalties(*s.sampling)) {
       c.penalties = true;
       c.counted_tokens += static_cast<int64_t>(s.tokens.size());
-      c.resets += s.start_pos == 0 ? 1 : 0;
+      c.resets += s.start_pos == 0 || s.restore_from >= 0 ? 1 : 0;
     }
     if (s.sample) {
       ++c.rows;
@@ -120,7 +120,7 @@ absl::StatusOr<StagedStep> StepStaging::Stage(const StepPlan& plan, const StepCo
     const ScheduledSeq& s = plan.seqs[i];
     const bool counts = s.sampling != nullptr && UsesPenalties(*s.sampling);
     if (counts) {
-      if (s.start_pos == 0) reset[nr++] = s.state_slot;
+      if (s.start_pos == 0 || s.restore_from >= 0) reset[nr++] = s.state_slot;
       for (size_t k = 0; k < s.tokens.size(); ++k) {
         crow[nc] = s.state_slot;
         ctok[nc] = s.tokens[k];

@@ -17,7 +17,9 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -53,6 +55,8 @@ struct StepMeta {
   // captured into a CUDA graph are sized by this bound, never by this step's positions: a graph
   // captured at short context must stay correct when replayed on long cached prefixes.
   int32_t max_position_bound = -1;
+  // Prefix caching: state snapshots taken inside the step (RingSnapshot, CompressSnapshot).
+  std::vector<int32_t> snap_seq, snap_pos, snap_row;
 };
 
 // Points in the forward pass the model announces to the backend (the CUDA backend cuts its
@@ -96,6 +100,10 @@ inline RaggedBatchView HostView(const StepMeta& meta) {
   v.block_stride = meta.block_stride;
   v.block_size = meta.block_size;
   v.force_indexer_scoring = meta.force_indexer_scoring;
+  v.num_snapshots = static_cast<int32_t>(meta.snap_seq.size());
+  v.snap_seq = meta.snap_seq.data();
+  v.snap_pos = meta.snap_pos.data();
+  v.snap_row = meta.snap_row.data();
   return v;
 }
 
@@ -321,6 +329,20 @@ class Backend {
   // Writes each token's kv [T, hd] into its sequence's ring [slots, W, hd] at position mod W.
   // Must run after Attention of the same step.
   virtual absl::Status RingWrite(const Tensor& kv, Tensor ring) = 0;
+
+  // ---- prefix caching: state snapshots at block boundaries (kernels/state_snapshot_ref.h) ----
+  // Pools of per-sequence state have rows past the slots (CacheConfig::num_state_snapshots).
+  // The step's in-step snapshots (StepMeta::snap_*): the ring [rows, W, hd] at each snapshot's
+  // position into its row. Must run before RingWrite of the same step.
+  virtual absl::Status RingSnapshot(const Tensor& kv, Tensor ring) = 0;
+  // The compressor state [rows, CompressStateFloats] at each snapshot's position into its row
+  // (a, z as for Compress). Must run before Compress of the same step.
+  virtual absl::Status CompressSnapshot(const CompressParams& p, const Tensor& a, const Tensor& z,
+                                        Tensor state) = 0;
+  // For each (src, dst): row src of every pool (rows on dim 0) copied onto row dst, in stream
+  // order with the steps (outside any graph). No dst is another pair's src; dsts are distinct.
+  virtual absl::Status CopyStateRows(std::span<const Tensor> pools,
+                                     std::span<const std::pair<int32_t, int32_t>> copies) = 0;
 
   // ---- MoE (§10) ----
   // logits [T, E] -> idx [T, K] int32 and weights [T, K]. bias [E] (score routing) and tid2eid

@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <numeric>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -61,12 +62,14 @@ absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Create(const ModelConfig& 
   }
   const CacheConfig& cc = m->cache_;
   if (cc.block_size < 1 || cc.num_blocks < 1 || cc.num_slots < 1 || cc.max_model_len < 1 ||
-      cc.max_model_len > config.max_position_embeddings) {
+      cc.max_model_len > config.max_position_embeddings || cc.num_state_snapshots < 0 ||
+      cc.num_state_snapshots > INT32_MAX - cc.num_slots) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "cache config: need block_size, num_blocks, num_slots >= 1 and 1 <= max_model_len <= "
-        "max_position_embeddings (", config.max_position_embeddings, "); got block_size=",
-        cc.block_size, " num_blocks=", cc.num_blocks, " num_slots=", cc.num_slots,
-        " max_model_len=", cc.max_model_len));
+        "cache config: need block_size, num_blocks, num_slots >= 1, num_state_snapshots >= 0 and "
+        "1 <= max_model_len <= max_position_embeddings (", config.max_position_embeddings,
+        "); got block_size=", cc.block_size, " num_blocks=", cc.num_blocks, " num_slots=",
+        cc.num_slots, " num_state_snapshots=", cc.num_state_snapshots, " max_model_len=",
+        cc.max_model_len));
   }
   for (int64_t l = 0; l < config.num_layers; ++l) {
     if (config.Ratio(l) > 0 && cc.block_size % config.Ratio(l) != 0) {
@@ -171,17 +174,19 @@ uint64_t MemoryPlan::weight_bytes() const {
 void Dsv4Model::ForEachPool(const ModelConfig& config, const CacheConfig& cc,
                             const std::function<void(int64_t, const char*, Shape)>& f) {
   const int64_t hd = config.head_dim;
+  // Per-sequence state: the slots, then the prefix cache's snapshot rows.
+  const int64_t rows = int64_t{cc.num_slots} + cc.num_state_snapshots;
   for (int64_t l = 0; l < config.num_layers; ++l) {
-    f(l, "ring", Shape{cc.num_slots, config.sliding_window, hd});
+    f(l, "ring", Shape{rows, config.sliding_window, hd});
     const int64_t ratio = config.Ratio(l);
     if (ratio == 0) continue;
     const int64_t overlap = config.layer_types[l] == AttnType::kCsa ? 2 : 1;
     f(l, "entries", Shape{cc.num_blocks, cc.block_size / ratio, hd});
-    f(l, "comp_state", Shape{cc.num_slots, CompressStateFloats(ratio, overlap, hd)});
+    f(l, "comp_state", Shape{rows, CompressStateFloats(ratio, overlap, hd)});
     if (config.layer_types[l] == AttnType::kCsa) {
       const int64_t dI = config.index_head_dim;
       f(l, "index_keys", Shape{cc.num_blocks, cc.block_size / ratio, dI});
-      f(l, "index_state", Shape{cc.num_slots, CompressStateFloats(ratio, 2, dI)});
+      f(l, "index_state", Shape{rows, CompressStateFloats(ratio, 2, dI)});
     }
   }
 }
@@ -337,6 +342,7 @@ absl::Status Dsv4Model::ValidateStep(std::span<const SequenceStep> seqs) const {
                                                      " is used by another sequence of the step"));
     }
     slot_used[s.state_slot] = true;
+    RETURN_IF_ERROR(ValidateSnapshots(s, end, where));
     if (needs_blocks) {
       const int64_t need = (end + cache_.block_size - 1) / cache_.block_size;
       if (static_cast<int64_t>(s.block_table.size()) < need ||
@@ -356,11 +362,52 @@ absl::Status Dsv4Model::ValidateStep(std::span<const SequenceStep> seqs) const {
   return absl::OkStatus();
 }
 
+absl::Status Dsv4Model::ValidateSnapshots(const SequenceStep& s, int64_t end,
+                                          const std::string& where) const {
+  const int32_t first = cache_.num_slots, last = cache_.num_slots + cache_.num_state_snapshots;
+  auto is_row = [&](int32_t r) { return r >= first && r < last; };
+  if (s.restore_from != -1) {
+    if (!is_row(s.restore_from) || s.start_pos == 0 || s.start_pos % cache_.block_size != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, "restore from state row ", s.restore_from, " at position ", s.start_pos,
+          ": needs a snapshot row in [", first, ", ", last, ") and a block boundary > 0"));
+    }
+  }
+  for (const StateSnapshotAt& at : s.snapshots) {
+    if (!is_row(at.row) || at.row == s.restore_from || at.position <= s.start_pos ||
+        at.position > end || at.position % cache_.block_size != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, "snapshot into state row ", at.row, " at position ", at.position,
+          ": needs a snapshot row in [", first, ", ", last, ") and a block boundary in (",
+          s.start_pos, ", ", end, "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<Tensor> Dsv4Model::StatePools() const {
+  std::vector<Tensor> pools;
+  for (const LayerCache& c : caches_) {
+    for (const Tensor* t : {&c.ring, &c.comp_state, &c.index_state}) {
+      if (!t->empty()) pools.push_back(*t);
+    }
+  }
+  return pools;
+}
+
+absl::Status Dsv4Model::FinishStep() {
+  if (saves_.empty()) return absl::OkStatus();
+  const std::vector<std::pair<int32_t, int32_t>> saves = std::exchange(saves_, {});
+  return backend_->CopyStateRows(StatePools(), saves);
+}
+
 absl::StatusOr<Tensor> Dsv4Model::StepToBackend(std::span<const SequenceStep> seqs,
                                                 const StepOptions& options,
                                                 std::vector<int32_t>* seq_row_begin) {
   RETURN_IF_ERROR(PrepareStep(seqs, options, seq_row_begin));
-  return RunForward();
+  ASSIGN_OR_RETURN(Tensor logits, RunForward());
+  RETURN_IF_ERROR(FinishStep());
+  return logits;
 }
 
 absl::Status Dsv4Model::PrepareStep(std::span<const SequenceStep> seqs, const StepOptions& options,
@@ -381,6 +428,7 @@ absl::Status Dsv4Model::PrepareStep(std::span<const SequenceStep> seqs, const St
                        " tokens and ", options.padded_seqs, " sequences"));
     }
   }
+  RETURN_IF_ERROR(PlanSnapshots(seqs, padded));
   m.num_seqs = padded ? options.padded_seqs : real_seqs;
   m.block_size = cache_.block_size;
   m.block_stride = max_blocks_per_seq_;
@@ -428,6 +476,32 @@ absl::Status Dsv4Model::PrepareStep(std::span<const SequenceStep> seqs, const St
   m.seq_begin.push_back(static_cast<int32_t>(m.token_ids.size()));
   m.num_tokens = static_cast<int32_t>(m.token_ids.size());
   return backend_->BeginStep(m);
+}
+
+absl::Status Dsv4Model::PlanSnapshots(std::span<const SequenceStep> seqs, bool padded) {
+  StepMeta& m = meta_;
+  saves_.clear();
+  std::vector<std::pair<int32_t, int32_t>> restores;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const SequenceStep& s = seqs[i];
+    if (s.restore_from >= 0) restores.emplace_back(s.restore_from, s.state_slot);
+    const int32_t end = s.start_pos + static_cast<int32_t>(s.tokens.size());
+    for (const StateSnapshotAt& at : s.snapshots) {
+      if (at.position == end) {
+        saves_.emplace_back(s.state_slot, at.row);  // the state after the step: a row copy
+        continue;
+      }
+      m.snap_seq.push_back(static_cast<int32_t>(i));
+      m.snap_pos.push_back(at.position);
+      m.snap_row.push_back(at.row);
+    }
+  }
+  if (padded && !m.snap_seq.empty()) {
+    return absl::InvalidArgumentError(
+        "a step with state snapshots inside a chunk runs eagerly, not as a graph");
+  }
+  if (restores.empty()) return absl::OkStatus();
+  return backend_->CopyStateRows(StatePools(), restores);
 }
 
 std::vector<std::pair<std::string, Tensor>> Dsv4Model::Pools() const {
@@ -550,6 +624,7 @@ absl::Status Dsv4Model::AttentionBlock(int64_t l, const Tensor& x, Tensor out) {
       p.norm_weight = cw.kv_norm;
       p.norm_eps = static_cast<float>(c.rms_norm_eps);
       p.rope = crope;
+      if (!meta_.snap_seq.empty()) RETURN_IF_ERROR(be.CompressSnapshot(p, a, z, state));
       return be.Compress(p, a, z, state, entries);
     };
     // One side region per compressor: a backend with two side streams runs a CSA layer's two
@@ -622,6 +697,7 @@ absl::Status Dsv4Model::AttentionBlock(int64_t l, const Tensor& x, Tensor out) {
   // projections' path; joined before the block returns, so nothing crosses into the next
   // capture segment.
   RETURN_IF_ERROR(be.Mark(StepMark::kSideBegin));
+  if (!meta_.snap_seq.empty()) RETURN_IF_ERROR(be.RingSnapshot(kv, cache.ring));
   RETURN_IF_ERROR(be.RingWrite(kv, cache.ring));
   RETURN_IF_ERROR(be.Mark(StepMark::kSideEnd));
 

@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "common/cache_config.h"
 #include "common/model_config.h"
+#include "common/step_plan.h"
 #include "common/tensor_parallel.h"
 #include "worker/model/backend.h"
 #include "worker/checkpoint/safetensors.h"
@@ -72,6 +73,10 @@ struct SequenceStep {
   // tokens = {kDeferredToken}: the backend feeds the token last sampled into this state slot
   // (Backend::deferred_tokens(); overlapped decode, see Worker::Launch).
   bool deferred_token = false;
+  // Prefix caching (ScheduledSeq): the state row copied into state_slot before the step (-1:
+  // none), and the block boundaries whose state the step keeps in snapshot rows.
+  int32_t restore_from = -1;
+  std::span<const StateSnapshotAt> snapshots;
 };
 
 struct StepOptions {
@@ -123,12 +128,15 @@ class Dsv4Model {
   absl::StatusOr<Tensor> StepToBackend(std::span<const SequenceStep> seqs,
                                        const StepOptions& options,
                                        std::vector<int32_t>* seq_row_begin);
-  // StepToBackend() in two halves, for graph capture: PrepareStep() validates the batch and
-  // stages its metadata (Backend::BeginStep, a host-to-device copy that must stay outside any
-  // capture); RunForward() issues the forward pass and returns the logits.
+  // StepToBackend() in three parts, for graph capture: PrepareStep() validates the batch, copies
+  // prefix-cache restores into their slots and stages the metadata (Backend::BeginStep, a
+  // host-to-device copy that must stay outside any capture); RunForward() issues the forward pass
+  // and returns the logits; FinishStep() saves the snapshots taken at the end of a chunk (row
+  // copies, outside any capture too). A step with snapshots inside a chunk runs eagerly.
   absl::Status PrepareStep(std::span<const SequenceStep> seqs, const StepOptions& options,
                            std::vector<int32_t>* seq_row_begin);
   absl::StatusOr<Tensor> RunForward();
+  absl::Status FinishStep();
   // Every persistent state pool (context pool: blocks on dim 0; state pool: slots on dim 0), for
   // tests that check which rows a step writes.
   std::vector<std::pair<std::string, Tensor>> Pools() const;
@@ -170,6 +178,11 @@ class Dsv4Model {
                            const std::function<void(int64_t, int64_t)>& on_layer);
   absl::Status AllocatePools();
   absl::Status ValidateStep(std::span<const SequenceStep> seqs) const;
+  absl::Status ValidateSnapshots(const SequenceStep& s, int64_t end, const std::string& where) const;
+  // Restores (row copies now), in-step snapshots (meta_.snap_*) and end-of-chunk saves (saves_).
+  absl::Status PlanSnapshots(std::span<const SequenceStep> seqs, bool padded);
+  // Every pool of per-sequence state (ring, comp_state, index_state; rows on dim 0).
+  std::vector<Tensor> StatePools() const;
   absl::Status AttentionBlock(int64_t layer, const Tensor& x, Tensor out);
   absl::Status MoeBlock(int64_t layer, const Tensor& u, Tensor out);
 
@@ -182,6 +195,7 @@ class Dsv4Model {
   std::unique_ptr<Weights> weights_;
   std::vector<LayerCache> caches_;
   StepMeta meta_;
+  std::vector<std::pair<int32_t, int32_t>> saves_;  // (slot, snapshot row) after the forward
 };
 
 }  // namespace dsv4

@@ -172,6 +172,24 @@ absl::Status RingWrite(const Tensor& kv, const Tensor& ring, int64_t tokens) {
                "RingWrite");
 }
 
+absl::Status CompressSnapshot(const CompressParams& p, const Tensor& a, const Tensor& z,
+                              const Tensor& state, int64_t tokens) {
+  const int64_t cd = p.overlap * p.dim;
+  return Check(Is(a, DType::kF32, 2) && Is(z, DType::kF32, 2) && a.dim(0) == tokens &&
+                   z.dim(0) == tokens && a.dim(1) == cd && z.dim(1) == cd &&
+                   Is(state, DType::kF32, 2) &&
+                   state.dim(1) == CompressStateFloats(p.ratio, p.overlap, p.dim),
+               "CompressSnapshot");
+}
+
+absl::Status CopyStateRows(const Tensor& pool, std::span<const std::pair<int32_t, int32_t>> copies) {
+  bool ok = pool.dtype == DType::kF32 && pool.shape.rank >= 1 && pool.dim(0) > 0;
+  for (auto [src, dst] : copies) {
+    ok = ok && src >= 0 && dst >= 0 && src < pool.dim(0) && dst < pool.dim(0) && src != dst;
+  }
+  return Check(ok, "CopyStateRows");
+}
+
 absl::Status Route(const RouterParams& p, const Tensor& logits, const Tensor& bias,
                    const Tensor& tid2eid, const Tensor& idx, const Tensor& weights,
                    int64_t tokens) {

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "kernels/mhc_ref.h"
@@ -38,6 +40,10 @@ absl::Status Attention(const AttentionParams& p, const Tensor& q, const Tensor& 
                        const Tensor& ring, const Tensor& entries, const Tensor& selected,
                        const Tensor& sinks, const Tensor& out, int64_t tokens, int64_t block_size);
 absl::Status RingWrite(const Tensor& kv, const Tensor& ring, int64_t tokens);
+absl::Status CompressSnapshot(const CompressParams& p, const Tensor& a, const Tensor& z,
+                              const Tensor& state, int64_t tokens);
+// f32 pool with rows on dim 0; every row index of `copies` inside it.
+absl::Status CopyStateRows(const Tensor& pool, std::span<const std::pair<int32_t, int32_t>> copies);
 absl::Status Route(const RouterParams& p, const Tensor& logits, const Tensor& bias,
                    const Tensor& tid2eid, const Tensor& idx, const Tensor& weights, int64_t tokens);
 absl::Status MoeExperts(const Tensor& u, const Tensor& idx, const Tensor& weights,

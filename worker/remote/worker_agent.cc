@@ -147,6 +147,7 @@ class Agent {
     l->set_num_slots(info.num_slots);
     l->set_block_size(info.block_size);
     l->set_max_model_len(info.max_model_len);
+    l->set_num_state_snapshots(info.num_state_snapshots);
     return Reply(s, ok);
   }
 
