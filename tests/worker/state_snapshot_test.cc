@@ -1,19 +1,26 @@
 // Prefix caching at the model level: a sequence that starts from a snapshot of another's state at
 // a block boundary (its blocks shared, its ring and compressor state restored) gives the logits a
-// cold prefill of the same prompt gives, bit for bit, whether the snapshot was taken inside a
-// chunk (RingSnapshot / CompressSnapshot) or at a chunk's end (a row copy), for every boundary,
-// and on configs with the window shorter and longer than a block.
+// cold prefill of the same prompt gives, bit for bit on the CPU, whether the snapshot was taken
+// inside a chunk (RingSnapshot / CompressSnapshot) or at a chunk's end (a row copy), for every
+// boundary, and on configs with the window shorter and longer than a block. The same runs on the
+// GPU in fp32 (skipped without one): there a hit's suffix is a prefill of another chunking, which
+// cuBLASLt computes with kernels picked by the row count, so the logits are compared within fp32
+// tolerance and the test prints how many hits were bit-exact.
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/gpu/backend_pair.h"
 #include "tests/testing/checkpoint_writer.h"
 #include "worker/cpu/cpu_backend.h"
 #include "worker/model/dsv4_model.h"
+#include "worker/worker_factory.h"
 
 namespace dsv4 {
 namespace {
@@ -26,6 +33,8 @@ struct Variant {
   std::function<void(Json&)> edit;
 };
 void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
+
+enum class On { kCpu, kCudaFp32 };
 
 std::vector<Variant> Variants() {
   return {
@@ -49,27 +58,38 @@ std::vector<Variant> Variants() {
   };
 }
 
-class StateSnapshot : public ::testing::TestWithParam<Variant> {
+class StateSnapshot : public ::testing::TestWithParam<std::tuple<Variant, On>> {
  protected:
   static constexpr int kLen = 300;
   static constexpr int32_t kSlots = 3;
 
   void SetUp() override {
+    const Variant& v = std::get<0>(GetParam());
+    gpu_ = std::get<1>(GetParam()) == On::kCudaFp32;
+    if (gpu_) DSV4_REQUIRE_GPU();
     Json j = testing::TinyConfigJson();
-    GetParam().edit(j);
+    v.edit(j);
     auto config = ParseModelConfig(j.dump());
     ASSERT_TRUE(config.ok()) << config.status();
     config_ = *config;
     const std::string dir = testing::WriteSyntheticModel("model", j, /*seed=*/5);
     auto ckpt = Checkpoint::Open(dir);
     ASSERT_TRUE(ckpt.ok()) << ckpt.status();
-    bs_ = GetParam().block_size;
+    bs_ = v.block_size;
     CacheConfig cache;
     cache.block_size = bs_;
     cache.num_slots = kSlots;
     cache.num_state_snapshots = kLen / bs_ + 1;
     cache.num_blocks = 3 * (kLen / bs_ + 2);
-    auto model = Dsv4Model::Load(config_, **ckpt, std::make_unique<CpuBackend>(), cache);
+    std::unique_ptr<Backend> backend;
+    if (gpu_) {
+      auto b = CreateCudaBackend(0, Precision::kFP32);
+      ASSERT_TRUE(b.ok()) << b.status();
+      backend = std::move(*b);
+    } else {
+      backend = std::make_unique<CpuBackend>();
+    }
+    auto model = Dsv4Model::Load(config_, **ckpt, std::move(backend), cache);
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = std::move(*model);
     std::mt19937 rng(3);
@@ -121,6 +141,23 @@ class StateSnapshot : public ::testing::TestWithParam<Variant> {
     return b;
   }
 
+  // Bit for bit on the CPU; within fp32 tolerance on the GPU (counted in `exact_`).
+  void ExpectSame(const std::vector<float>& hit, const float* cold, const std::string& what) {
+    const bool exact = std::memcmp(hit.data(), cold, sizeof(float) * hit.size()) == 0;
+    ++tried_;
+    exact_ += exact ? 1 : 0;
+    if (!gpu_) {
+      EXPECT_TRUE(exact) << what;
+      return;
+    }
+    EXPECT_TRUE(testing::Close(hit, std::vector<float>(cold, cold + hit.size()), 1e-4, 1e-4)) << what;
+  }
+  void TearDown() override {
+    if (gpu_ && tried_ > 0) std::printf("    bit-exact hits on the GPU: %d of %d\n", exact_, tried_);
+  }
+
+  bool gpu_ = false;
+  int tried_ = 0, exact_ = 0;
   ModelConfig config_;
   std::unique_ptr<Dsv4Model> model_;
   int32_t bs_ = 0;
@@ -145,10 +182,8 @@ TEST_P(StateSnapshot, HitsAtEveryBoundaryEqualAColdPrefill) {
       std::copy(cached_blocks.begin(), cached_blocks.begin() + b / bs_, blocks.begin());
       const std::vector<float> hit = Run(*p, b, 2, blocks, kSlots + b / bs_ - 1, {19}, false);
       ASSERT_EQ(hit.size(), cold.size() - static_cast<size_t>(b) * vocab);
-      EXPECT_EQ(std::memcmp(hit.data(), cold.data() + static_cast<size_t>(b) * vocab,
-                            sizeof(float) * hit.size()),
-                0)
-          << "hit at " << b << (p == &other ? " (diverging prompt)" : " (same prompt)");
+      ExpectSame(hit, cold.data() + static_cast<size_t>(b) * vocab,
+                 absl::StrCat("hit at ", b, p == &other ? " (diverging prompt)" : " (same prompt)"));
     }
   }
 }
@@ -195,8 +230,13 @@ TEST_P(StateSnapshot, RejectsBadSnapshotsWithoutSideEffects) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, StateSnapshot, ::testing::ValuesIn(Variants()),
-                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Configs, StateSnapshot,
+                         ::testing::Combine(::testing::ValuesIn(Variants()),
+                                            ::testing::Values(On::kCpu, On::kCudaFp32)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param).name +
+                                  (std::get<1>(info.param) == On::kCpu ? "_cpu" : "_cuda_fp32");
+                         });
 
 }  // namespace
 }  // namespace dsv4
