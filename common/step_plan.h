@@ -27,6 +27,12 @@ struct SamplingSpec {
   int32_t logprobs = 0;           // top-n alternatives to return (0 = none)
 };
 
+// Whether a request's sampling needs the counts of its tokens (prompt and output): the worker keeps
+// them per slot, and the prefix cache cannot serve such a request from another's state.
+inline bool UsesPenalties(const SamplingSpec& s) {
+  return s.repetition_penalty != 1.0f || s.presence_penalty != 0.0f || s.frequency_penalty != 0.0f;
+}
+
 // Prefix caching: the sequence's state (sliding-window ring, compressor state) after `position`
 // tokens is copied into state row `row` (a snapshot row, past the state slots) during the step.
 struct StateSnapshotAt {

@@ -142,11 +142,7 @@ StepPlan Scheduler::Schedule(std::vector<uint64_t>* preempted) {
 
 PrefixHit Scheduler::LookupPrefix(const Req& r) const {
   if (!kv_->caching() || r.computed != 0) return {};
-  if (const SamplingSpec* p = r.r.sampling.get();
-      p != nullptr && (p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f ||
-                       p->frequency_penalty != 0.0f)) {
-    return {};
-  }
+  if (const SamplingSpec* p = r.r.sampling.get(); p != nullptr && UsesPenalties(*p)) return {};
   std::vector<int32_t> tokens;
   tokens.reserve(static_cast<size_t>(r.known()));
   for (int64_t i = 0; i < r.known(); ++i) tokens.push_back(r.Token(i));

@@ -37,10 +37,6 @@ cuda::SampleRow InertRow() {
 
 }  // namespace
 
-bool UsesPenalties(const SamplingSpec& s) {
-  return s.repetition_penalty != 1.0f || s.presence_penalty != 0.0f || s.frequency_penalty != 0.0f;
-}
-
 absl::Status StepStaging::Init(bool time_steps) {
   for (Staging& st : sets_) {
     ASSIGN_OR_RETURN(st.done, CudaEvent::Create(cudaEventDisableTiming));

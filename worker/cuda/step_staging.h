@@ -87,7 +87,4 @@ class StepStaging {
   std::array<Staging, 2> sets_;
 };
 
-// Whether a request's sampling needs per-slot token counts.
-bool UsesPenalties(const SamplingSpec& s);
-
 }  // namespace dsv4
