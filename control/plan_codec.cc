@@ -65,6 +65,7 @@ void ToProto(const WorkerConfig& wc, const std::string& config_json, pb::Configu
   out->set_source(wc.source);
   out->set_precision(wc.precision);
   out->set_weight_format(wc.weight_format);
+  out->set_batch_invariant(wc.batch_invariant);
   out->set_threads(wc.threads);
   ToProto(wc.cache, out->mutable_cache());
   out->set_enforce_eager(wc.graphs.enforce_eager);
@@ -76,6 +77,7 @@ absl::StatusOr<WorkerConfig> FromProto(const pb::Configure& c) {
   ASSIGN_OR_RETURN(wc.model, ParseModelConfig(c.config_json()));
   wc.precision = c.precision();
   wc.weight_format = c.weight_format();
+  wc.batch_invariant = c.batch_invariant();
   wc.threads = c.threads();
   wc.model_dir = c.model_dir();
   wc.synthetic = c.synthetic();

@@ -37,6 +37,7 @@ absl::Status BringUpWorker(Worker& worker, const WorkerConfig& wc) {
   LogInfo("model_loading", {{"dir", wc.source},
                             {"weights", wc.synthetic ? "synthetic" : "checkpoint"},
                             {"weight_format", wc.weight_format},
+                            {"batch_invariant", wc.batch_invariant},
                             {"device", info.device},
                             {"precision", info.precision},
                             {"config", wc.model.Summary()}});
@@ -214,6 +215,7 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
   WorkerConfig wc;
   wc.precision = o.precision;
   wc.weight_format = o.weight_format;
+  wc.batch_invariant = o.batch_invariant;
   wc.threads = o.threads;
   wc.model_dir = o.model_dir;
   wc.synthetic = synthetic;
@@ -247,7 +249,8 @@ absl::StatusOr<std::unique_ptr<ServingNode>> ServingNode::Start(const NodeOption
   ec.enable_prefix_caching = o.enable_prefix_caching;
   // Cache keys start from what makes the state: the weights and how they are computed.
   ec.prefix_cache_salt = std::hash<std::string>{}(absl::StrCat(
-      wc.source, "|", o.precision, "|", o.weight_format, "|", o.seed, "|", cache.block_size));
+      wc.source, "|", o.precision, "|", o.weight_format, "|", o.seed, "|", cache.block_size, "|",
+      o.batch_invariant));
   LogInfo("prefix_cache", {{"enabled", o.enable_prefix_caching && winfo.num_state_snapshots > 0},
                            {"max_blocks", static_cast<int64_t>(winfo.num_state_snapshots)},
                            {"block_size", static_cast<int64_t>(winfo.block_size)}});

@@ -28,6 +28,9 @@ struct NodeOptions {
   std::string device = "auto";      // auto|cpu|cuda|cuda:N
   std::string precision = "bf16";   // GPU weights: bf16|fp32
   std::string weight_format = "auto";  // auto|bf16 (worker_factory.h WeightsSpec)
+  // GPU kernels that never depend on the step's other rows (docs/cuda-backend.md): bit-exact
+  // across batching, chunking and prefix-cache hits, at a cost in speed. The CPU worker always is.
+  bool batch_invariant = false;
   // Creates the worker on `device`; the node then configures it (WorkerConfig from the fields
   // above), loads and warms it up (worker.h). The in-process one is
   // worker/in_process_worker.h CreateInProcessWorker. Required.

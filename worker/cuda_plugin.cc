@@ -59,12 +59,14 @@ absl::StatusOr<std::unique_ptr<Worker>> CreateCudaWorker(int device) {
   return w;
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device, Precision precision) {
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device, Precision precision,
+                                                           bool batch_invariant) {
   ASSIGN_OR_RETURN(const Plugin* plugin, LoadPlugin());
   ASSIGN_OR_RETURN(Dsv4CreateCudaBackendFn * create,
                    plugin->Function<Dsv4CreateCudaBackendFn>("dsv4_create_cuda_backend"));
   absl::Status status;
-  std::unique_ptr<Backend> b(create(device, precision == Precision::kFP32 ? 1 : 0, &status));
+  std::unique_ptr<Backend> b(
+      create(device, precision == Precision::kFP32 ? 1 : 0, batch_invariant ? 1 : 0, &status));
   if (b == nullptr) return status.ok() ? absl::InternalError("CUDA backend creation failed") : status;
   return b;
 }

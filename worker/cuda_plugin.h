@@ -16,7 +16,7 @@
 
 namespace dsv4 {
 
-constexpr int kCudaPluginAbi = 9;
+constexpr int kCudaPluginAbi = 10;
 
 enum class Precision { kBF16, kFP32 };
 absl::StatusOr<Precision> ParsePrecision(std::string_view s);
@@ -27,7 +27,9 @@ absl::StatusOr<int> CudaDeviceCount();
 // The GPU worker on device `device`, not yet configured (worker.h's lifecycle: Configure, Load,
 // WarmUp). CudaGraphOptions (worker.h) come with its WorkerConfig.
 absl::StatusOr<std::unique_ptr<Worker>> CreateCudaWorker(int device);
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device, Precision precision);
+// batch_invariant: CudaBackendOptions::batch_invariant.
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device, Precision precision,
+                                                           bool batch_invariant = false);
 
 // NCCL through the plugin (parallel/nccl_communicator.h): a fresh unique id (rank 0 makes it, the
 // control plane hands it to the others) and a rank's communicator on `device`.
@@ -42,7 +44,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(int rank, i
 extern "C" {
 using Dsv4CudaAbiFn = int();
 using Dsv4CreateCudaWorkerFn = dsv4::Worker*(int device, absl::Status* status);
-using Dsv4CreateCudaBackendFn = dsv4::Backend*(int device, int fp32, absl::Status* status);
+using Dsv4CreateCudaBackendFn = dsv4::Backend*(int device, int fp32, int batch_invariant,
+                                                absl::Status* status);
 using Dsv4NcclUniqueIdFn = int(char* out, int len, absl::Status* status);
 using Dsv4CreateNcclCommunicatorFn = dsv4::Communicator*(int rank, int world_size, const char* id,
                                                          int id_len, int device,

@@ -54,6 +54,7 @@ struct CudaGraphOptions {
 struct WorkerConfig {
   std::string precision = "bf16";      // GPU matrices: bf16|fp32 (the CPU computes in fp32)
   std::string weight_format = "auto";  // auto|bf16 (worker_factory.h WeightsSpec)
+  bool batch_invariant = false;        // GPU: rows independent of the batch (CudaBackendOptions)
   int threads = 0;                     // CPU BLAS threads; 0 = the library's default
   std::string model_dir;               // checkpoint directory (config.json + safetensors)
   bool synthetic = false;              // or deterministic synthetic weights for `model`

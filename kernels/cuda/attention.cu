@@ -772,7 +772,7 @@ __global__ void __launch_bounds__(kTcThreads, kHeads <= 32 ? 2 : 1)
 // 7.0, the slice3 FULL step from 0.918 to 0.901 ms; batch 8 measured level (2.414 / 2.407 ms).
 constexpr int64_t kTcFewBlocks = 32;
 int TcHeadsPerBlock(const AttentionDims& s, int64_t tokens) {
-  if (s.heads % kTcHeads != 0) return 16;
+  if (s.heads % kTcHeads != 0 || s.batch_invariant) return 16;
   return tokens * (s.heads / kTcHeads) < kTcFewBlocks ? 16 : kTcHeads;
 }
 
@@ -804,7 +804,7 @@ absl::Status LaunchTc(const AttentionDims& s, const RaggedBatchView& b, const fl
   auto kernel = AttentionTcKernel<kHeads, kDim>;
   CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(smem)));
-  const int splits = TcSplits(s, b.num_tokens);
+  const int splits = AttentionSplits(s, b.num_tokens);
   const int64_t split_len = splits > 1 ? TcSplitLen(s, splits) : (int64_t{1} << 40);
   const dim3 grid(static_cast<unsigned>(b.num_tokens * (s.heads / kHeads)),
                   static_cast<unsigned>(splits));
@@ -827,6 +827,7 @@ bool AttentionUsesTensorCores(const AttentionDims& s) {
 }
 
 int AttentionSplits(const AttentionDims& s, int64_t tokens) {
+  if (s.batch_invariant) return 1;
   if (AttentionUsesTensorCores(s)) return TcSplits(s, tokens);
   const int heads_per_block = HeadsPerBlock(s.heads);
   const int64_t blocks = tokens * (s.heads / heads_per_block);
@@ -874,13 +875,14 @@ absl::Status Attention(const AttentionDims& s, const RaggedBatchView& b, const f
       default: return Launch<1, D>(s, b, q, kv, ring, entries, selected, sinks, out, workspace, stream); \
     }                                                                                             \
   }
+  DSV4_ATTN_DIM(32)
   DSV4_ATTN_DIM(64)
   DSV4_ATTN_DIM(128)
   DSV4_ATTN_DIM(256)
   DSV4_ATTN_DIM(512)
 #undef DSV4_ATTN_DIM
   return absl::UnimplementedError(
-      absl::StrCat("attention: head_dim = ", s.dim, " is not compiled (64, 128, 256, 512)"));
+      absl::StrCat("attention: head_dim = ", s.dim, " is not compiled (32, 64, 128, 256, 512)"));
 }
 
 }  // namespace dsv4::cuda

@@ -23,6 +23,9 @@ struct AttentionDims : ::dsv4::AttentionShape {
   // heads % 16 == 0 and dim is 128, 256 or 512; other shapes (and fp32 precision) use the exact
   // fp32 kernel. See AttentionUsesTensorCores.
   bool bf16_tensor_cores = false;
+  // Batch-invariant mode: one key split and one block shape whatever the step's token count, so
+  // a token's output does not depend on the other tokens of its step.
+  bool batch_invariant = false;
   // RoPE of the output's trailing out_rope_dims channels at each token's position (the model's
   // inverse RoPE; 0: none): applied by the split-KV combine as it writes, or by the RoPE kernel
   // after a single-split launch. Bit-identical to cuda::Rope on the output.
@@ -36,7 +39,8 @@ bool AttentionUsesTensorCores(const AttentionDims& s);
 
 // Key splits per (token, head group): 1 when the batch already fills the GPU; more at small
 // batches over long contexts (flash decoding), merged by a combine pass. A function of max_keys,
-// heads, the kernel choice and `tokens` only (graph capture bakes it in).
+// heads, the kernel choice and `tokens` only (graph capture bakes it in); 1 in batch-invariant
+// mode.
 int AttentionSplits(const AttentionDims& s, int64_t tokens);
 // Floats of workspace Attention() needs for `tokens` tokens (0 without splits).
 int64_t AttentionWorkspaceFloats(const AttentionDims& s, int64_t tokens);

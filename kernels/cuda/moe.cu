@@ -415,14 +415,15 @@ absl::Status CombineAssignments(const ExpertsDims& d, const float* y, const int3
 
 absl::Status MoeExperts(const ExpertsDims& d, const float* u, const int32_t* idx,
                         const float* weights, const void* gate_up, const void* down, DType wdtype,
-                        void* workspace, float* out, cudaStream_t stream, bool wide) {
+                        void* workspace, float* out, cudaStream_t stream, bool wide,
+                        bool tensor_cores) {
   if (d.tokens == 0) return absl::OkStatus();
   if (d.dim % 8 != 0 || d.inter % 8 != 0) {
     return absl::UnimplementedError("MoE: hidden and intermediate sizes must be multiples of 8");
   }
   const MoeWorkspace w = MoeWorkspaceLayout(d, workspace);
   const int64_t a = d.tokens * d.top_k;
-  const bool mma = wdtype == DType::kBF16 && MmaFits(d.dim) && MmaFits(d.inter) && Aligned16(u) &&
+  const bool mma = tensor_cores && wdtype == DType::kBF16 && MmaFits(d.dim) && MmaFits(d.inter) && Aligned16(u) &&
                    Aligned16(gate_up) && Aligned16(down);
   // Experts with more than 8 assignments go to the wide kernel when one can have them; the sort
   // kernels list them.

@@ -44,9 +44,12 @@ size_t MoeWorkspaceBytes(const ExpertsDims& d);
 // tokens share each weight load in groups of 8; with `wide`, where the experts average at least
 // 4 assignments, an expert with more than 8 reads its weights once per 32 or 64 of them (the
 // same bits as the 8-at-a-time kernel with K unsplit, as at Flash's 256 experts; `wide` false is
-// the A/B baseline).
+// the A/B baseline). `tensor_cores` false: bf16 weights take the grouped FMA GEMV of fp32 weights
+// too (the batch-invariant mode's: a token's sums never depend on how many tokens share its
+// expert, which the tensor-core kernels' K splits do).
 absl::Status MoeExperts(const ExpertsDims& d, const float* u, const int32_t* idx,
                         const float* weights, const void* gate_up, const void* down, DType wdtype,
-                        void* workspace, float* out, cudaStream_t stream, bool wide = true);
+                        void* workspace, float* out, cudaStream_t stream, bool wide = true,
+                        bool tensor_cores = true);
 
 }  // namespace dsv4::cuda

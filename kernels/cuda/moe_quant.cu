@@ -439,7 +439,8 @@ absl::Status DecodeFor(const MoeDecodeArgs& a, const QuantExperts& w, const Fp8M
 
 absl::Status MoeExpertsQuant(const ExpertsDims& d, const float* u, const int32_t* idx,
                              const float* weights, const QuantExperts& w, bool exact,
-                             void* workspace, float* out, cudaStream_t stream, bool wide) {
+                             void* workspace, float* out, cudaStream_t stream, bool wide,
+                             bool tensor_cores) {
   if (d.tokens == 0) return absl::OkStatus();
   if (w.format == QuantFormat::kMxfp4) {
     RETURN_IF_ERROR(CheckExperts(d, w.fp4_gate_up, w.fp4_down));
@@ -449,7 +450,8 @@ absl::Status MoeExpertsQuant(const ExpertsDims& d, const float* u, const int32_t
           "MoeExpertsQuant: MXFP4 experts need D and I multiples of 32 and 16-byte aligned codes");
     }
     return RunQuantExperts<Mxfp4Weights, Mxfp4Rows<false>, Mxfp4Rows<true>>(
-        d, u, idx, weights, w.fp4_gate_up, w.fp4_down, exact, true, wide, workspace, out, stream);
+        d, u, idx, weights, w.fp4_gate_up, w.fp4_down, exact, tensor_cores, wide, workspace, out,
+        stream);
   }
   if (w.format == QuantFormat::kFp8Block) {
     RETURN_IF_ERROR(CheckExperts(d, w.fp8_gate_up, w.fp8_down));
@@ -461,7 +463,7 @@ absl::Status MoeExpertsQuant(const ExpertsDims& d, const float* u, const int32_t
           "MoeExpertsQuant: FP8 experts need D, I and the scale block width multiples of 16 and "
           "16-byte aligned bytes");
     }
-    const bool mma_ok = Fp8MmaFits(w.fp8_gate_up) && Fp8MmaFits(w.fp8_down);
+    const bool mma_ok = tensor_cores && Fp8MmaFits(w.fp8_gate_up) && Fp8MmaFits(w.fp8_down);
     return RunQuantExperts<Fp8Weights, Fp8Rows<false>, Fp8Rows<true>>(
         d, u, idx, weights, w.fp8_gate_up, w.fp8_down, exact, mma_ok, wide, workspace, out, stream);
   }

@@ -68,6 +68,9 @@ class Serve final : public Command {
                    "blocks the prefix cache may keep, each with a state snapshot on every worker "
                    "(0 = min(kv-blocks, 4 x max-num-seqs))")
         ->check(CLI::Range(0, 1 << 24));
+    app.add_flag("--batch-invariant", o_.batch_invariant,
+                 "GPU kernels whose every row is independent of the step's batch: a request gives "
+                 "the same bits alone or batched, chunked or from the prefix cache (slower)");
     app.add_option("--max-waiting", o_.max_waiting, "queued requests before RESOURCE_EXHAUSTED")
         ->check(CLI::Range(1, 1 << 20));
     app.add_option("--default-max-tokens", o_.default_max_tokens,

@@ -90,8 +90,8 @@ struct SeqSpec {
 
 class BackendPair {
  public:
-  explicit BackendPair(Precision precision = Precision::kFP32) {
-    auto g = CreateCudaBackend(0, precision);
+  explicit BackendPair(Precision precision = Precision::kFP32, bool batch_invariant = false) {
+    auto g = CreateCudaBackend(0, precision, batch_invariant);
     EXPECT_TRUE(g.ok()) << g.status();
     if (g.ok()) gpu = std::move(*g);
   }

@@ -383,13 +383,19 @@ TEST(CudaModel, UnsupportedConfigsAreRefusedAtLoad) {
 
 // Any head count runs (a tensor-parallel rank's share is often 1 or 2): the attention takes
 // blocks of 8, 4, 2 or 1 heads. 6 heads (3 a group, blocks of 2) and 5 (one group, blocks of 1)
-// against the CPU reference in fp32.
-TEST(CudaModel, AnyHeadCountMatchesTheCpu) {
+// against the CPU reference in fp32; and heads of 32 dims (8 and 4 a block).
+TEST(CudaModel, AnyHeadCountAndNarrowHeadsMatchTheCpu) {
   DSV4_REQUIRE_GPU();
-  for (const auto& [heads, groups] : std::vector<std::pair<int, int>>{{6, 2}, {5, 1}, {2, 2}}) {
+  struct Heads {
+    int heads, groups, head_dim;
+  };
+  for (const auto& [heads, groups, head_dim] :
+       std::vector<Heads>{{6, 2, 64}, {5, 1, 64}, {2, 2, 64}, {8, 4, 32}, {4, 2, 32}}) {
     Json j = testing::TinyConfigJson();
     j["num_attention_heads"] = heads;
     j["o_groups"] = groups;
+    j["head_dim"] = head_dim;
+    j["qk_rope_head_dim"] = head_dim / 4;  // partial_rotary_factor 0.25
     auto config = ParseModelConfig(j.dump());
     ASSERT_TRUE(config.ok()) << heads << ": " << config.status();
     CacheConfig cache;
@@ -399,13 +405,13 @@ TEST(CudaModel, AnyHeadCountMatchesTheCpu) {
     auto cpu = Dsv4Model::LoadSynthetic(*config, 5, std::make_unique<CpuBackend>(), cache);
     ASSERT_TRUE(cpu.ok()) << cpu.status();
     auto gpu = Dsv4Model::LoadSynthetic(*config, 5, *CreateCudaBackend(0, Precision::kFP32), cache);
-    ASSERT_TRUE(gpu.ok()) << heads << " heads: " << gpu.status();
+    ASSERT_TRUE(gpu.ok()) << heads << " heads of " << head_dim << ": " << gpu.status();
     const std::vector<std::vector<int32_t>> prompts = {
         {3, 17, 29, 5, 11, 40, 2, 9, 33, 7, 21, 14, 8, 50, 4, 19, 23, 6, 12, 31, 44, 1, 18}};
     const auto want = AllLogits(**cpu, prompts, {9, 1, 1, 5});
     const auto got = AllLogits(**gpu, prompts, {9, 1, 1, 5});
     ASSERT_EQ(got.size(), want.size());
-    EXPECT_TRUE(testing::Close(got[0], want[0], 1e-4, 1e-3)) << heads << " heads";
+    EXPECT_TRUE(testing::Close(got[0], want[0], 1e-4, 1e-3)) << heads << " heads of " << head_dim;
   }
 }
 

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "tests/testing/checkpoint_writer.h"
 
 namespace dsv4::control {
 namespace {
@@ -113,6 +114,37 @@ TEST(PlanCodec, PlansAndResultsRoundTripAndSamplingTravelsOnce) {
   pb::StepDone ack;
   ToProto(res, false, &ack);  // ranks other than 0: timings only
   EXPECT_EQ(ack.request_ids_size(), 0);
+}
+
+// Every decision the coordinator makes for all ranks arrives as it was made.
+TEST(PlanCodec, ConfigureRoundTripsTheRankDecisions) {
+  for (bool flag : {false, true}) {
+    WorkerConfig wc;
+    wc.precision = flag ? "fp32" : "bf16";
+    wc.weight_format = flag ? "bf16" : "auto";
+    wc.batch_invariant = flag;
+    wc.graphs.enforce_eager = flag;
+    wc.graphs.wide_eager_region = !flag;
+    wc.synthetic = true;
+    wc.synthetic_seed = 77;
+    wc.cache.block_size = 64;
+    wc.cache.num_state_snapshots = flag ? 9 : 0;
+    wc.parallel = {1, 2};
+    pb::Configure msg;
+    ToProto(wc, testing::TinyConfigJson().dump(), &msg);
+    msg.set_rank(1);
+    msg.set_world_size(2);
+    auto back = FromProto(msg);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->precision, wc.precision);
+    EXPECT_EQ(back->weight_format, wc.weight_format);
+    EXPECT_EQ(back->batch_invariant, flag);
+    EXPECT_EQ(back->graphs.enforce_eager, flag);
+    EXPECT_EQ(back->graphs.wide_eager_region, !flag);
+    EXPECT_EQ(back->synthetic_seed, 77u);
+    EXPECT_EQ(back->cache.num_state_snapshots, wc.cache.num_state_snapshots);
+    EXPECT_EQ(back->parallel.rank, 1);
+  }
 }
 
 TEST(PlanCodec, InconsistentStepsAreRefusedByField) {

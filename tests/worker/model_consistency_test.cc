@@ -1,17 +1,21 @@
 // Properties every correct DSV4 engine has, checked on synthetic models of many configs (other
 // hc_mult, ratios, top-k, layer orders, vocab sizes), bit for bit: batched == one at a time,
 // chunked prefill == one-shot prefill == token-by-token decode, shortcut == forced indexer scoring, and the
-// result does not depend on the KV block size or on which physical blocks are used.
+// result does not depend on the KV block size or on which physical blocks are used. On the CPU
+// reference and on the GPU in batch-invariant mode (fp32 and bf16; skipped without a device).
 #include <algorithm>
 #include <cmath>
 #include <functional>
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/gpu/backend_pair.h"
 #include "tests/testing/checkpoint_writer.h"
+#include "tests/testing/test_backends.h"
 #include "worker/cpu/cpu_backend.h"
 #include "worker/model/dsv4_model.h"
 #include "worker/model/local_sequences.h"
@@ -20,6 +24,7 @@ namespace dsv4 {
 namespace {
 
 using Logits = SequenceStep::Logits;
+using testing::TestBackend;
 
 struct Variant {
   std::string name;
@@ -86,11 +91,13 @@ std::vector<Variant> Variants() {
   };
 }
 
-class ModelConsistency : public ::testing::TestWithParam<Variant> {
+class ModelConsistency : public ::testing::TestWithParam<std::tuple<Variant, TestBackend>> {
  protected:
   void SetUp() override {
+    backend_ = std::get<1>(GetParam());
+    if (testing::IsCuda(backend_)) DSV4_REQUIRE_GPU();
     Json j = testing::TinyConfigJson();
-    GetParam().edit(j);
+    std::get<0>(GetParam()).edit(j);
     auto config = ParseModelConfig(j.dump());
     ASSERT_TRUE(config.ok()) << config.status();
     config_ = *config;
@@ -112,7 +119,10 @@ class ModelConsistency : public ::testing::TestWithParam<Variant> {
     cache.num_slots = 4;
     const int32_t bs = block_size > 0 ? block_size : DefaultBlockSize(config_);
     cache.num_blocks = 4 * ((kLen + bs - 1) / bs) + 3;
-    auto model = Dsv4Model::Load(config_, *ckpt_, std::make_unique<CpuBackend>(), cache);
+    auto backend = testing::MakeTestBackend(backend_);
+    EXPECT_TRUE(backend.ok()) << backend.status();
+    if (!backend.ok()) return nullptr;
+    auto model = Dsv4Model::Load(config_, *ckpt_, std::move(*backend), cache);
     EXPECT_TRUE(model.ok()) << model.status();
     return model.ok() ? std::move(*model) : nullptr;
   }
@@ -152,9 +162,11 @@ class ModelConsistency : public ::testing::TestWithParam<Variant> {
   }
 
   static constexpr int kLen = 70;
-  // Bit for bit: the CPU backend is batch-invariant (kernels/cpu_gemm.h), which prefix caching
-  // relies on (a hit's suffix must give the bits a cold prefill gives).
+  // Bit for bit: the CPU backend is batch-invariant (kernels/cpu_gemm.h), and so is the GPU in
+  // batch-invariant mode; prefix caching relies on it (a hit's suffix must give the bits a cold
+  // prefill gives).
   static constexpr double kTol = 0;
+  TestBackend backend_ = TestBackend::kCpu;
   ModelConfig config_;
   std::string dir_;
   std::unique_ptr<Checkpoint> ckpt_;
@@ -233,8 +245,15 @@ TEST_P(ModelConsistency, BatchedEqualsOneAtATime) {
   for (size_t i = 0; i < prompts_.size(); ++i) EXPECT_LE(MaxDiff(got[i], alone[i]), kTol) << i;
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, ModelConsistency, ::testing::ValuesIn(Variants()),
-                         [](const ::testing::TestParamInfo<Variant>& i) { return i.param.name; });
+INSTANTIATE_TEST_SUITE_P(Configs, ModelConsistency,
+                         ::testing::Combine(::testing::ValuesIn(Variants()),
+                                            ::testing::Values(TestBackend::kCpu,
+                                                              TestBackend::kCudaFp32Invariant,
+                                                              TestBackend::kCudaBf16Invariant)),
+                         [](const auto& i) {
+                           return std::get<0>(i.param).name + "_" +
+                                  testing::TestBackendName(std::get<1>(i.param));
+                         });
 
 // Bad steps are rejected before any state is touched.
 TEST(ModelStep, RejectsBadBatchesWithoutSideEffects) {

@@ -3,9 +3,10 @@
 // cold prefill of the same prompt gives, bit for bit on the CPU, whether the snapshot was taken
 // inside a chunk (RingSnapshot / CompressSnapshot) or at a chunk's end (a row copy), for every
 // boundary, and on configs with the window shorter and longer than a block. The same runs on the
-// GPU in fp32 (skipped without one): there a hit's suffix is a prefill of another chunking, which
-// cuBLASLt computes with kernels picked by the row count, so the logits are compared within fp32
-// tolerance and the test prints how many hits were bit-exact.
+// GPU (skipped without one): bit for bit in batch-invariant mode; in the default fp32 mode a hit's
+// suffix is a prefill of another chunking, which cuBLASLt computes with kernels picked by the row
+// count, so there the logits are compared within fp32 tolerance and the test prints how many hits
+// were bit-exact.
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -18,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "tests/gpu/backend_pair.h"
 #include "tests/testing/checkpoint_writer.h"
+#include "tests/testing/test_backends.h"
 #include "worker/cpu/cpu_backend.h"
 #include "worker/model/dsv4_model.h"
 #include "worker/worker_factory.h"
@@ -34,7 +36,7 @@ struct Variant {
 };
 void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 
-enum class On { kCpu, kCudaFp32 };
+using testing::TestBackend;
 
 std::vector<Variant> Variants() {
   return {
@@ -58,14 +60,16 @@ std::vector<Variant> Variants() {
   };
 }
 
-class StateSnapshot : public ::testing::TestWithParam<std::tuple<Variant, On>> {
+class StateSnapshot : public ::testing::TestWithParam<std::tuple<Variant, TestBackend>> {
  protected:
   static constexpr int kLen = 300;
   static constexpr int32_t kSlots = 3;
 
   void SetUp() override {
     const Variant& v = std::get<0>(GetParam());
-    gpu_ = std::get<1>(GetParam()) == On::kCudaFp32;
+    const TestBackend on = std::get<1>(GetParam());
+    gpu_ = testing::IsCuda(on);
+    exact_only_ = testing::IsBatchInvariant(on);
     if (gpu_) DSV4_REQUIRE_GPU();
     Json j = testing::TinyConfigJson();
     v.edit(j);
@@ -81,15 +85,9 @@ class StateSnapshot : public ::testing::TestWithParam<std::tuple<Variant, On>> {
     cache.num_slots = kSlots;
     cache.num_state_snapshots = kLen / bs_ + 1;
     cache.num_blocks = 3 * (kLen / bs_ + 2);
-    std::unique_ptr<Backend> backend;
-    if (gpu_) {
-      auto b = CreateCudaBackend(0, Precision::kFP32);
-      ASSERT_TRUE(b.ok()) << b.status();
-      backend = std::move(*b);
-    } else {
-      backend = std::make_unique<CpuBackend>();
-    }
-    auto model = Dsv4Model::Load(config_, **ckpt, std::move(backend), cache);
+    auto backend = testing::MakeTestBackend(on);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    auto model = Dsv4Model::Load(config_, **ckpt, std::move(*backend), cache);
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = std::move(*model);
     std::mt19937 rng(3);
@@ -141,12 +139,13 @@ class StateSnapshot : public ::testing::TestWithParam<std::tuple<Variant, On>> {
     return b;
   }
 
-  // Bit for bit on the CPU; within fp32 tolerance on the GPU (counted in `exact_`).
+  // Bit for bit on the CPU and in batch-invariant mode; else within fp32 tolerance (counted in
+  // `exact_`).
   void ExpectSame(const std::vector<float>& hit, const float* cold, const std::string& what) {
     const bool exact = std::memcmp(hit.data(), cold, sizeof(float) * hit.size()) == 0;
     ++tried_;
     exact_ += exact ? 1 : 0;
-    if (!gpu_) {
+    if (exact_only_) {
       EXPECT_TRUE(exact) << what;
       return;
     }
@@ -157,6 +156,7 @@ class StateSnapshot : public ::testing::TestWithParam<std::tuple<Variant, On>> {
   }
 
   bool gpu_ = false;
+  bool exact_only_ = true;
   int tried_ = 0, exact_ = 0;
   ModelConfig config_;
   std::unique_ptr<Dsv4Model> model_;
@@ -232,10 +232,12 @@ TEST_P(StateSnapshot, RejectsBadSnapshotsWithoutSideEffects) {
 
 INSTANTIATE_TEST_SUITE_P(Configs, StateSnapshot,
                          ::testing::Combine(::testing::ValuesIn(Variants()),
-                                            ::testing::Values(On::kCpu, On::kCudaFp32)),
+                                            ::testing::Values(TestBackend::kCpu,
+                                                              TestBackend::kCudaFp32,
+                                                              TestBackend::kCudaFp32Invariant)),
                          [](const auto& info) {
-                           return std::get<0>(info.param).name +
-                                  (std::get<1>(info.param) == On::kCpu ? "_cpu" : "_cuda_fp32");
+                           return std::get<0>(info.param).name + "_" +
+                                  testing::TestBackendName(std::get<1>(info.param));
                          });
 
 }  // namespace

@@ -26,6 +26,7 @@
 #include "kernels/cuda/moe_quant.h"
 #include "kernels/quant_synthetic.h"
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/invariant_gemm.h"
 #include "kernels/cuda/indexer.h"
 #include "kernels/cuda/mhc.h"
 #include "kernels/cuda/moe.h"
@@ -141,6 +142,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   }
   // DSV4_ROW_GEMV=0: single-token products take the general paths (the benchmark's baseline).
   ASSIGN_OR_RETURN(b->row_gemv_, EnvBool("DSV4_ROW_GEMV", true));
+  // Batch-invariant mode: no single-row kernels (their sums are not the GEMM's).
+  b->row_gemv_ = b->row_gemv_ && !options.batch_invariant;
   // DSV4_PDL=0: no programmatic dependent launch (read by the launchers; checked here so that a
   // bad value is an error, not a silent "on").
   RETURN_IF_ERROR(EnvBool("DSV4_PDL", true).status());
@@ -342,8 +345,9 @@ absl::Status CudaBackend::Supports(const ModelConfig& c) const {
                                                  " is not supported by the CUDA backend (",
                                                  supported, ")"));
   };
-  if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256 && c.head_dim != 512) {
-    return no("head_dim", c.head_dim, "64, 128, 256 or 512");
+  if (c.head_dim != 32 && c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256 &&
+      c.head_dim != 512) {
+    return no("head_dim", c.head_dim, "32, 64, 128, 256 or 512");
   }
   if (c.HasLayerType(AttnType::kCsa)) {
     const int64_t h = c.index_n_heads;
@@ -817,7 +821,8 @@ absl::Status CudaBackend::Linear(const Tensor& x, const Tensor& w, Tensor y) {
                                cur_stream());
     });
   }
-  if (x.dim(0) == 1 && w.dim(0) <= kSmallGemvMaxN && w.dim(1) % 8 == 0) {
+  if (!options_.batch_invariant && x.dim(0) == 1 && w.dim(0) <= kSmallGemvMaxN &&
+      w.dim(1) % 8 == 0) {
     return Launch(LinearBenchOp(w), [&] {
       return cuda::SmallGemv(x.ptr<float>(), x.dim(0), w.dim(1), w.data, w.dtype, w.dim(0),
                              y.ptr<float>(), cur_stream());
@@ -830,7 +835,7 @@ absl::Status CudaBackend::Linear(const Tensor& x, const Tensor& w, Tensor y) {
   s.k = w.dim(1);
   s.dtype = w.dtype;
   return Launch(LinearBenchOp(w),
-                [&] { return gemm().Run(s, xin, w.data, y.ptr<float>(), cur_stream()); });
+                [&] { return RunGemm(s, xin, w.data, y.ptr<float>()); });
 }
 
 absl::Status CudaBackend::GroupedLinear(const Tensor& x, const Tensor& w, int64_t groups,
@@ -858,7 +863,7 @@ absl::Status CudaBackend::GroupedLinear(const Tensor& x, const Tensor& w, int64_
   s.stride_w = s.n * s.k;
   s.stride_y = s.n;
   return Launch(kBenchGroupedLinear,
-                [&] { return gemm().Run(s, xin, w.data, y.ptr<float>(), cur_stream()); });
+                [&] { return RunGemm(s, xin, w.data, y.ptr<float>()); });
 }
 
 Fp8Matrix CudaBackend::Fp8(const Tensor& w) {
@@ -914,7 +919,7 @@ absl::Status CudaBackend::QuantLinear(const Tensor& x, const Tensor& w, int64_t 
   const Fp8Matrix m = Fp8(w);
   const bool bf16 = options_.matrix_dtype == DType::kBF16;
   const int64_t group_rows = w.dim(0) / groups;
-  if (cuda::Fp8GemvFits(x.ptr<float>(), x.dim(0), m, group_rows)) {
+  if (!options_.batch_invariant && cuda::Fp8GemvFits(x.ptr<float>(), x.dim(0), m, group_rows)) {
     return Launch(LinearBenchOp(w), [&] {
       return cuda::Fp8Gemv(x.ptr<float>(), x.dim(0), m, group_rows, bf16, y.ptr<float>(),
                            cur_stream());
@@ -938,7 +943,13 @@ absl::Status CudaBackend::QuantLinear(const Tensor& x, const Tensor& w, int64_t 
     s.stride_y = s.n;
   }
   return Launch(LinearBenchOp(w),
-                [&] { return gemm().Run(s, xin, dense.data, y.ptr<float>(), cur_stream()); });
+                [&] { return RunGemm(s, xin, dense.data, y.ptr<float>()); });
+}
+
+absl::Status CudaBackend::RunGemm(const cuda::GemmShape& s, const void* x, const void* w,
+                                  float* y) {
+  if (options_.batch_invariant) return cuda::InvariantGemm(s, x, w, y, cur_stream());
+  return gemm().Run(s, x, w, y, cur_stream());
 }
 
 absl::Status CudaBackend::RmsNorm(const Tensor& x, const Tensor& weight, const RmsNormParams& p,
@@ -1233,6 +1244,7 @@ absl::Status CudaBackend::Attention(const AttentionParams& p, const Tensor& q, c
   d.scale = p.scale;
   // bf16 precision: tensor-core attention (bf16 q/keys/P, fp32 accumulate and softmax).
   d.bf16_tensor_cores = matrix_dtype() == DType::kBF16;
+  d.batch_invariant = options_.batch_invariant;
   d.out_rope_dims = p.out_rope.rope_dims;
   d.out_rope_freq = F(p.out_rope.inv_freq);
   d.out_rope_inverse = p.out_rope.inverse;
@@ -1476,7 +1488,8 @@ absl::Status CudaBackend::QuantMoeExperts(const Tensor& u, const Tensor& idx, co
     RETURN_IF_ERROR(cuda::MoeExpertsQuant(d, u.ptr<float>(), idx.ptr<int32_t>(),
                                           weights.ptr<float>(), q,
                                           options_.matrix_dtype == DType::kF32, ws.data,
-                                          out.ptr<float>(), cur_stream(), moe_wide_));
+                                          out.ptr<float>(), cur_stream(), moe_wide_,
+                                          !options_.batch_invariant));
   }
   return AddSharedExpert(*this, u, w, swiglu_limit, out);
 }
@@ -1517,7 +1530,7 @@ absl::Status CudaBackend::RoutedExperts(const Tensor& u, const Tensor& idx, cons
                    OpScratch(DType::kU8, Shape{static_cast<int64_t>(cuda::MoeWorkspaceBytes(d))}));
   return cuda::MoeExperts(d, u.ptr<float>(), idx.ptr<int32_t>(), weights.ptr<float>(), gate_up.data,
                           down.data, gate_up.dtype, ws.data, out.ptr<float>(), cur_stream(),
-                          moe_wide_);
+                          moe_wide_, !options_.batch_invariant);
 }
 
 absl::Status CudaBackend::SwiGlu(const Tensor& gate_up, float limit, Tensor h) {

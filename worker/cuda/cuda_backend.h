@@ -53,6 +53,10 @@ enum class EagerRegion { kNarrow, kWide };
 struct CudaBackendOptions {
   int device = 0;
   DType matrix_dtype = DType::kBF16;  // kBF16 or kF32
+  // Every row's result independent of the step's other rows (docs/cuda-backend.md,
+  // "Batch-invariant mode"): products through cuda::InvariantGemm, no single-row or split-K
+  // kernels, attention without key splits. Slower; for bit-exact reproducibility.
+  bool batch_invariant = false;
   size_t scratch_block_bytes = 256ull << 20;
 };
 
@@ -248,6 +252,8 @@ class CudaBackend final : public Backend {
   // Each side lane has its own cuBLASLt workspace: they run concurrently.
   std::array<std::unique_ptr<cuda::Gemm>, kSideLanes> side_gemm_;
   cuda::Gemm& gemm() { return on_side_ ? *side_gemm_[side_lane_] : *gemm_; }
+  // y = x · wᵀ through cuBLASLt, or cuda::InvariantGemm in batch-invariant mode.
+  absl::Status RunGemm(const cuda::GemmShape& s, const void* x, const void* w, float* y);
   // Joins every pending side lane (and the gates lane) into the main stream (errors returned,
   // not logged).
   absl::Status JoinSides();

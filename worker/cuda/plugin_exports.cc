@@ -21,10 +21,12 @@ DSV4_EXPORT dsv4::Worker* dsv4_create_cuda_worker(int device, absl::Status* stat
   return new dsv4::CudaWorker(device);
 }
 
-DSV4_EXPORT dsv4::Backend* dsv4_create_cuda_backend(int device, int fp32, absl::Status* status) {
+DSV4_EXPORT dsv4::Backend* dsv4_create_cuda_backend(int device, int fp32, int batch_invariant,
+                                                     absl::Status* status) {
   dsv4::CudaBackendOptions options;
   options.device = device;
   options.matrix_dtype = fp32 != 0 ? dsv4::DType::kF32 : dsv4::DType::kBF16;
+  options.batch_invariant = batch_invariant != 0;
   auto b = dsv4::CudaBackend::Create(options);
   if (!b.ok()) {
     *status = b.status();
