@@ -83,6 +83,7 @@ absl::Status CpuWorker::Configure(const WorkerConfig& config) {
   RETURN_IF_ERROR(ParsePrecision(config.precision).status());
   WeightsSpec weights;
   RETURN_IF_ERROR(ParseWeightFormat(config.weight_format, &weights));
+  RETURN_IF_ERROR(CheckBatchInvariant(config));
   if (!config.synthetic && config.model_dir.empty()) {
     return absl::InvalidArgumentError("WorkerConfig.model_dir: no checkpoint and not synthetic");
   }

@@ -42,6 +42,15 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const DeviceChoice& devic
   return CreateCudaBackend(device.index, precision);
 }
 
+absl::Status CheckBatchInvariant(const WorkerConfig& config) {
+  if (config.batch_invariant && config.parallel.world_size > 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch_invariant: needs at most 2 tensor-parallel ranks, got ", config.parallel.world_size,
+        " (the all-reduce of more ranks sums in an order that depends on the step's size)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseWeightFormat(std::string_view value, WeightsSpec* spec) {
   if (value == "auto" || value == "bf16") {
     spec->keep_formats = value == "auto";

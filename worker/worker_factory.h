@@ -41,6 +41,11 @@ struct WeightsSpec {
 // Parses --weight-format (auto|bf16) into `spec`.
 absl::Status ParseWeightFormat(std::string_view value, WeightsSpec* spec);
 
+// WorkerConfig.batch_invariant holds with at most 2 ranks: a 2-rank all-reduce adds one pair per
+// element, while with more the collective's summation order follows the message size, which is
+// the step's token count.
+absl::Status CheckBatchInvariant(const WorkerConfig& config);
+
 absl::StatusOr<std::unique_ptr<Dsv4Model>> CreateModel(const DeviceChoice& device,
                                                        Precision precision,
                                                        const ModelConfig& config,

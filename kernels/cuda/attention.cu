@@ -766,7 +766,8 @@ __global__ void __launch_bounds__(kTcThreads, kHeads <= 32 ? 2 : 1)
 }
 
 // Heads per block: 32 (K staged once for more heads) unless heads % 32 != 0 or the 32-head grid
-// would cover fewer than a quarter of the SMs (small decode batches): then 16, twice the blocks.
+// would cover fewer than a quarter of the SMs (small decode batches): then 16, twice the blocks
+// (always 16 in batch-invariant mode).
 // On the H200 at batch 1 (bench/results/h200-2026-11-30e/round4) 16 heads per block took the
 // sliding-window attention from 10.8 to 7.1 us, CSA's from 12.5 to 9.7 and HCA's from 9.2 to
 // 7.0, the slice3 FULL step from 0.918 to 0.901 ms; batch 8 measured level (2.414 / 2.407 ms).

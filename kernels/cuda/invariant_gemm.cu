@@ -15,6 +15,9 @@ constexpr int kTileN = 64;
 constexpr int kTileK = 16;
 constexpr int kThreads = 256;  // 16 x 16, each 4 x 4 outputs strided by 16
 constexpr int kPer = 4;
+static_assert(kTileM == kTileN, "the staging loop stages an x row and a w row per index");
+static_assert(kThreads == 16 * 16 && kTileM == 16 * kPer, "16 x 16 threads, 4 x 4 outputs each");
+static_assert(kTileM * kTileK % kThreads == 0, "whole staging passes");
 
 __device__ __forceinline__ float Load(const float* p) { return *p; }
 __device__ __forceinline__ float Load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
@@ -23,9 +26,8 @@ struct Dims {
   int64_t m, n, k, ldx, ldy, stride_x, stride_w, stride_y;
 };
 
-// Block (n tile, m tile, batch). Out-of-range operands stage as zeros: a padded k adds
-// fma(0, 0, acc) = acc to every row alike, so the order and the bits of each sum stay those of
-// k = 0..K-1.
+// Block (n tile, m tile, batch). Out-of-range rows and columns stage as zeros and are never
+// stored; the k loop stops at K, so each sum is exactly the fmas of k = 0..K-1 in order.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) InvariantGemmKernel(Dims d, const T* x, const T* w,
                                                                 float* y) {
@@ -53,8 +55,10 @@ __global__ void __launch_bounds__(kThreads) InvariantGemmKernel(Dims d, const T*
       ws[c][r] = n < d.n && k < d.k ? Load(wb + n * d.k + k) : 0.0f;
     }
     __syncthreads();
+    const int kc = d.k - k0 < kTileK ? static_cast<int>(d.k - k0) : kTileK;
 #pragma unroll
     for (int kk = 0; kk < kTileK; ++kk) {
+      if (kk >= kc) break;
       float a[kPer], v[kPer];
 #pragma unroll
       for (int i = 0; i < kPer; ++i) a[i] = xs[kk][ty + 16 * i];
@@ -84,14 +88,14 @@ __global__ void __launch_bounds__(kThreads) InvariantGemmKernel(Dims d, const T*
 
 absl::Status InvariantGemm(const GemmShape& s, const void* x, const void* w, float* y,
                            cudaStream_t stream) {
-  if (s.m < 0 || s.n < 1 || s.k < 1 || s.batch < 1) {
+  if (s.m == 0 || s.n == 0) return absl::OkStatus();  // as cuda::Gemm
+  if (s.m < 0 || s.n < 0 || s.k < 1 || s.batch < 1) {
     return absl::InvalidArgumentError(absl::StrCat("invariant gemm: bad shape m=", s.m, " n=", s.n,
                                                    " k=", s.k, " batch=", s.batch));
   }
   if (s.dtype != DType::kBF16 && s.dtype != DType::kF32) {
     return absl::InvalidArgumentError("invariant gemm: operands must be bf16 or f32");
   }
-  if (s.m == 0) return absl::OkStatus();
   const int64_t tiles_m = (s.m + kTileM - 1) / kTileM;
   if (tiles_m > 65535 || s.batch > 65535) {
     return absl::InvalidArgumentError(

@@ -423,8 +423,8 @@ absl::Status MoeExperts(const ExpertsDims& d, const float* u, const int32_t* idx
   }
   const MoeWorkspace w = MoeWorkspaceLayout(d, workspace);
   const int64_t a = d.tokens * d.top_k;
-  const bool mma = tensor_cores && wdtype == DType::kBF16 && MmaFits(d.dim) && MmaFits(d.inter) && Aligned16(u) &&
-                   Aligned16(gate_up) && Aligned16(down);
+  const bool mma = tensor_cores && wdtype == DType::kBF16 && MmaFits(d.dim) &&
+                   MmaFits(d.inter) && Aligned16(u) && Aligned16(gate_up) && Aligned16(down);
   // Experts with more than 8 assignments go to the wide kernel when one can have them; the sort
   // kernels list them.
   const bool use_wide = mma && UseWide(wide, d.tokens, a, d.experts);

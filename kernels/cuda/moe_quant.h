@@ -27,7 +27,8 @@ struct QuantExperts {
 // Many tokens (prefill and batched decode): each active expert's weights read once per group of
 // its tokens, dequantised in registers or shared memory; fp32 accumulation. `exact` (fp32 mode):
 // u exact in fp32 and the products exact, the CPU reference's numbers to rounding; otherwise u
-// and the SwiGLU output rounded to bf16, as the bf16 expert kernels do. `wide` and `tensor_cores` as in MoeExperts.
+// and the SwiGLU output rounded to bf16, as the bf16 expert kernels do. `wide` and
+// `tensor_cores` as in MoeExperts.
 // `workspace` of MoeWorkspaceBytes(d) bytes.
 absl::Status MoeExpertsQuant(const ExpertsDims& d, const float* u, const int32_t* idx,
                              const float* weights, const QuantExperts& w, bool exact,

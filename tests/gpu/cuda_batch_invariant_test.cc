@@ -33,8 +33,8 @@ std::vector<float> HeldWeight(BackendPair& p, const Tensor& w) {
   return v;
 }
 
-// y[m, groups * n] with y[r, g * n + j] = Σ_k x[r, g * k + kk] · w[g * n + j, kk], summed in order
-// with one fma each from +0.
+// y[m, groups * n] with y[r, g * n + j] = Σ_k x[r, g * k + kk] · w[g * n + j, kk], summed in
+// order with one fma each from +0.
 std::vector<float> HostSequential(const std::vector<float>& x, const std::vector<float>& w,
                                   int64_t m, const Product& s) {
   std::vector<float> y(static_cast<size_t>(m * s.groups * s.n));

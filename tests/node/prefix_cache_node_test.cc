@@ -4,7 +4,8 @@
 // 300, a prompt that extends a finished conversation, many concurrent requests on one prefix and
 // a pool small enough to evict while hits are in flight; Usage.cached_prompt_tokens and the
 // metrics report the hits. DSV4_TEST_DEVICE=cuda DSV4_TEST_PRECISION=fp32 runs it on the GPU, and
-// DSV4_TEST_BATCH_INVARIANT=1 there with --batch-invariant (bit for bit again).
+// DSV4_TEST_BATCH_INVARIANT=1 there with --batch-invariant (bit for bit again); DSV4_TEST_TP=2 on a
+// node split over two worker processes (CTest prefix_cache.tp2).
 #include <chrono>
 #include <cstdlib>
 #include <future>
@@ -23,7 +24,7 @@
 #include "node/serving_node.h"
 #include "tests/testing/checkpoint_writer.h"
 #include "tests/testing/http_get.h"
-#include "worker/in_process_worker.h"
+#include "tests/testing/test_node.h"
 
 namespace dsv4 {
 namespace {
@@ -63,17 +64,11 @@ class CollectSink final : public RequestSink {
 
 NodeOptions Options(bool cache, int32_t kv_blocks = 0, int32_t cache_blocks = 0) {
   NodeOptions o;
-  o.worker_factory = CreateInProcessWorker;
+  testing::UseTestWorker(o, "fp32");
   o.model_dir = testing::TestData("dsv4-tiny");
   o.tokenizer_path = testing::TestData("tok-tiny/tokenizer.json");
   o.listen = "127.0.0.1:0";
   o.metrics_listen = "127.0.0.1:0";
-  const char* device = std::getenv("DSV4_TEST_DEVICE");
-  const char* precision = std::getenv("DSV4_TEST_PRECISION");
-  o.device = device != nullptr ? device : "cpu";
-  o.precision = precision != nullptr ? precision : "fp32";
-  const char* invariant = std::getenv("DSV4_TEST_BATCH_INVARIANT");
-  o.batch_invariant = invariant != nullptr && std::string(invariant) == "1";
   o.overlap = "on";  // the CPU worker resolves overlapped steps' deferred tokens on the host
   o.max_model_len = 1024;
   o.max_num_seqs = 16;
@@ -294,7 +289,11 @@ TEST(PrefixCacheGolden, GoldenPromptsTwiceWithTheCacheOn) {
       const std::vector<Output> second = Generate(node->get(), {prompt}, static_cast<int>(greedy.size()));
       ASSERT_EQ(first.size(), 1u);
       ASSERT_EQ(second.size(), 1u);
-      if (std::string(model) == "dsv4-tiny") EXPECT_EQ(first[0].tokens, greedy) << model;
+      // The fixture's greedy stream is fp32's: the CPU worker's, and the GPU's in fp32 (bf16 drifts
+      // after a few tokens on the tiny model's near-tied logits).
+      if (std::string(model) == "dsv4-tiny" && (o.device == "cpu" || o.precision == "fp32")) {
+        EXPECT_EQ(first[0].tokens, greedy) << model;
+      }
       ExpectEqual(second, first, absl::StrCat(model, " prompt of ", prompt.size(), " tokens"));
       EXPECT_EQ(second[0].cached, (static_cast<int>(prompt.size()) - 1) / kBlock * kBlock);
     }

@@ -23,6 +23,7 @@
 #include "worker/in_process_worker.h"
 #include "tests/testing/checkpoint_writer.h"
 #include "tests/testing/http_get.h"
+#include "tests/testing/test_node.h"
 
 namespace dsv4 {
 namespace {
@@ -43,30 +44,13 @@ struct CallResult {
 
 NodeOptions TestOptions() {
   NodeOptions o;
-  o.worker_factory = CreateInProcessWorker;
-  // DSV4_TEST_TP=N runs the suite against a node whose model is split over N worker processes
-  // (`dsv4-node worker`, spawned by the coordinator; node/control/remote_worker_group.h).
-  if (const char* tp = std::getenv("DSV4_TEST_TP"); tp != nullptr && std::atoi(tp) > 1) {
-    const int n = std::atoi(tp);
-    o.worker_factory = [n](const std::string& device) -> absl::StatusOr<std::unique_ptr<Worker>> {
-      RemoteGroupOptions g;
-      g.world_size = n;
-      g.device = device;
-      g.secret = "test-secret";
-      g.worker_binary = DSV4_NODE_BINARY;
-      ASSIGN_OR_RETURN(auto w, RemoteWorkerGroup::Start(g));
-      return std::unique_ptr<Worker>(std::move(w));
-    };
-  }
+  // DSV4_TEST_TP=N: a node whose model is split over N worker processes; DSV4_TEST_DEVICE=cuda
+  // [DSV4_TEST_PRECISION=fp32]: the same suite on the GPU worker (tests/testing/test_node.h).
+  testing::UseTestWorker(o, "bf16");
   o.model_dir = testing::TestData("dsv4-tiny");
   o.tokenizer_path = testing::TestData("tok-tiny/tokenizer.json");
   o.listen = "127.0.0.1:0";
   o.metrics_listen = "127.0.0.1:0";
-  // The same suite runs on the GPU worker: DSV4_TEST_DEVICE=cuda [DSV4_TEST_PRECISION=fp32].
-  const char* device = std::getenv("DSV4_TEST_DEVICE");
-  const char* precision = std::getenv("DSV4_TEST_PRECISION");
-  o.device = device != nullptr ? device : "cpu";
-  o.precision = precision != nullptr ? precision : "bf16";
   // Overlapped decode on every worker (the CPU worker runs each step inside Launch, resolving the
   // deferred tokens on the host), so the suite covers the engine's overlapped path everywhere;
   // DSV4_TEST_OVERLAP=off|auto runs it the other way.

@@ -79,6 +79,14 @@ std::vector<Variant> Variants() {
          j["mlp_layer_types"] = {"hash_moe", "moe"};
          j["sliding_window"] = 5;
        }},
+      // 16 heads of 128 dims: the GPU's bf16 tensor-core attention.
+      {"heads16_dim128",
+       [](Json& j) {
+         j["num_attention_heads"] = 16;
+         j["head_dim"] = 128;
+         j["qk_rope_head_dim"] = 32;  // partial_rotary_factor 0.25
+         j["o_groups"] = 4;
+       }},
       {"hca_only_hc3",
        [](Json& j) {
          j["hc_mult"] = 3;

@@ -117,6 +117,12 @@ TEST(WorkerLifecycle, ConfigureNamesTheFieldItRefuses) {
   s = w.Configure(c);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("model_dir"), std::string::npos) << s;
+  c = TinyConfig();
+  c.batch_invariant = true;
+  c.parallel = {0, 4};  // more than two ranks: the all-reduce's order depends on the step
+  s = w.Configure(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("batch_invariant"), std::string::npos) << s;
   // A refused config leaves the worker unconfigured: a good one is still taken.
   EXPECT_TRUE(w.Configure(TinyConfig()).ok());
 }

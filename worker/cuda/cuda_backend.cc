@@ -814,7 +814,8 @@ absl::Status CudaBackend::Linear(const Tensor& x, const Tensor& w, Tensor y) {
   // One row with bf16 weights up to 256 Mi elements: the weight-streaming GEMV (it beats
   // cuBLASLt's single-row kernels there and needs no bf16 copy of x; on the 0.5 Gi-element
   // lm_head cuBLASLt streams ~4% faster). Other single-row products with narrow outputs: the
-  // split-K GEMV (cuBLASLt picks few CTAs there); everything else stays with cuBLASLt.
+  // split-K GEMV (cuBLASLt picks few CTAs there); everything else stays with cuBLASLt. In
+  // batch-invariant mode every product is cuda::InvariantGemm (RunGemm).
   if (UseRowGemv(x, w)) {
     return Launch(LinearBenchOp(w), [&] {
       return cuda::RowGemvBf16(x.ptr<float>(), w.dim(1), w.data, w.dim(0), w.dim(0), y.ptr<float>(),

@@ -36,6 +36,7 @@ absl::Status CudaWorker::Configure(const WorkerConfig& config) {
   ASSIGN_OR_RETURN(precision_, ParsePrecision(config.precision));
   WeightsSpec weights;
   RETURN_IF_ERROR(ParseWeightFormat(config.weight_format, &weights));
+  RETURN_IF_ERROR(CheckBatchInvariant(config));
   if (!config.synthetic && config.model_dir.empty()) {
     return absl::InvalidArgumentError("WorkerConfig.model_dir: no checkpoint and not synthetic");
   }
