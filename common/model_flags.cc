@@ -20,6 +20,9 @@ void ModelFlags::Register(CLI::App& app) {
   app.add_option("--threads", threads, "BLAS threads (0 = default)")->check(CLI::Range(0, 1024));
   app.add_option("--block-size", block_size, "tokens per KV block (0 = default)")
       ->check(CLI::Range(0, 1 << 16));
+  app.add_flag("--batch-invariant", batch_invariant,
+               "GPU kernels whose every row is independent of the step's batch: a request gives "
+               "the same bits alone or batched, chunked or from the prefix cache (slower)");
   app.add_flag("--force-indexer-scoring", force_indexer_scoring,
                "always score the lightning indexer (disable the short-context shortcut)");
 }

@@ -22,6 +22,7 @@ struct ModelFlags {
   int threads = 0;        // BLAS threads; 0 = library default
   int block_size = 0;
   bool force_indexer_scoring = false;
+  bool batch_invariant = false;  // GPU kernels whose rows do not depend on the step's batch
 
   void Register(CLI::App& app);
   // Resolves the model directory (error if none is found).

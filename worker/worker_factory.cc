@@ -37,9 +37,9 @@ absl::StatusOr<DeviceChoice> ResolveDevice(std::string_view device) {
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const DeviceChoice& device,
-                                                       Precision precision) {
+                                                       Precision precision, bool batch_invariant) {
   if (!device.cuda) return std::unique_ptr<Backend>(std::make_unique<CpuBackend>());
-  return CreateCudaBackend(device.index, precision);
+  return CreateCudaBackend(device.index, precision, batch_invariant);
 }
 
 absl::Status CheckBatchInvariant(const WorkerConfig& config) {
@@ -64,8 +64,10 @@ absl::StatusOr<std::unique_ptr<Dsv4Model>> CreateModel(const DeviceChoice& devic
                                                        Precision precision,
                                                        const ModelConfig& config,
                                                        const WeightsSpec& weights,
-                                                       const CacheConfig& cache) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(device, precision));
+                                                       const CacheConfig& cache,
+                                                       bool batch_invariant) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
+                   CreateBackend(device, precision, batch_invariant));
   LoadOptions load;
   load.keep_formats = weights.keep_formats;
   load.synthetic_released_formats = weights.keep_formats;
@@ -86,9 +88,11 @@ absl::StatusOr<std::unique_ptr<Worker>> CreateWorker(const DeviceChoice& device,
                                                      const ModelConfig& config,
                                                      const WeightsSpec& weights,
                                                      const CacheConfig& cache,
-                                                     const CudaGraphOptions& graphs) {
+                                                     const CudaGraphOptions& graphs,
+                                                     bool batch_invariant) {
   WorkerConfig wc;
   wc.precision = PrecisionName(precision);
+  wc.batch_invariant = batch_invariant;
   wc.weight_format = weights.keep_formats ? "auto" : "bf16";
   wc.model_dir = weights.synthetic ? "" : weights.model_dir;
   wc.synthetic = weights.synthetic;

@@ -23,9 +23,11 @@ struct DeviceChoice {
 // is an error naming why (no plugin, no driver, index out of range).
 absl::StatusOr<DeviceChoice> ResolveDevice(std::string_view device);
 
-// A bare backend for driving Dsv4Model directly (CLI bench/generate, tests).
+// A bare backend for driving Dsv4Model directly (CLI bench/generate, tests). batch_invariant:
+// CudaBackendOptions::batch_invariant (the CPU backend always is).
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const DeviceChoice& device,
-                                                       Precision precision);
+                                                       Precision precision,
+                                                       bool batch_invariant = false);
 
 // Where the weights come from: a checkpoint directory, or synthetic weights (no file).
 struct WeightsSpec {
@@ -50,7 +52,8 @@ absl::StatusOr<std::unique_ptr<Dsv4Model>> CreateModel(const DeviceChoice& devic
                                                        Precision precision,
                                                        const ModelConfig& config,
                                                        const WeightsSpec& weights,
-                                                       const CacheConfig& cache);
+                                                       const CacheConfig& cache,
+                                                       bool batch_invariant = false);
 
 // A worker on `device`, not yet configured (the lifecycle of worker.h).
 absl::StatusOr<std::unique_ptr<Worker>> CreateEmptyWorker(const DeviceChoice& device);
@@ -62,6 +65,7 @@ absl::StatusOr<std::unique_ptr<Worker>> CreateWorker(const DeviceChoice& device,
                                                      const ModelConfig& config,
                                                      const WeightsSpec& weights,
                                                      const CacheConfig& cache,
-                                                     const CudaGraphOptions& graphs = {});
+                                                     const CudaGraphOptions& graphs = {},
+                                                     bool batch_invariant = false);
 
 }  // namespace dsv4

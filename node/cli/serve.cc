@@ -68,9 +68,6 @@ class Serve final : public Command {
                    "blocks the prefix cache may keep, each with a state snapshot on every worker "
                    "(0 = min(kv-blocks, 4 x max-num-seqs))")
         ->check(CLI::Range(0, 1 << 24));
-    app.add_flag("--batch-invariant", o_.batch_invariant,
-                 "GPU kernels whose every row is independent of the step's batch: a request gives "
-                 "the same bits alone or batched, chunked or from the prefix cache (slower)");
     app.add_option("--max-waiting", o_.max_waiting, "queued requests before RESOURCE_EXHAUSTED")
         ->check(CLI::Range(1, 1 << 20));
     app.add_option("--default-max-tokens", o_.default_max_tokens,
@@ -156,6 +153,7 @@ class Serve final : public Command {
     o_.threads = flags_.threads;
     o_.block_size = flags_.block_size;
     o_.force_indexer_scoring = flags_.force_indexer_scoring;
+    o_.batch_invariant = flags_.batch_invariant;
     if (absl::Status s = UseWorkerGroup(); !s.ok()) return Fail(s);
     if (!api_key_file_.empty()) {
       if (o_.http_listen.empty()) {

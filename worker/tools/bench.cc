@@ -114,10 +114,10 @@ class Bench final : public Command {
     const WeightBytes wbytes = StepWeightBytes(gpu, flags_.precision, flags_.weight_format);
     std::printf("model: %s\n", config.Summary().c_str());
     std::printf("device=%s precision=%s weight_format=%s prompt_len=%d decode_steps=%d repeats=%d "
-                "overlap=%s\n",
+                "overlap=%s batch_invariant=%s\n",
                 info.device.c_str(), gpu ? flags_.precision.c_str() : "fp32",
                 flags_.weight_format.c_str(), prompt_len_, decode_steps_, repeats_,
-                overlap ? "on" : "off");
+                overlap ? "on" : "off", flags_.batch_invariant ? "on" : "off");
     for (const GraphConfig& mode : modes) {
       graphs = &mode;
       std::printf(

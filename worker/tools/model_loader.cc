@@ -25,6 +25,7 @@ absl::StatusOr<ModelLoader::Plan> ModelLoader::Prepare(int slots, int64_t max_le
   SetBlasThreads(flags_.threads);
   ASSIGN_OR_RETURN(p.device, ResolveDevice(flags_.device));
   ASSIGN_OR_RETURN(p.precision, ParsePrecision(flags_.precision));
+  p.batch_invariant = flags_.batch_invariant;
   resolved_device_ = p.device.name();
   ASSIGN_OR_RETURN(p.config, LoadModelConfig(config_path));
   config_ = p.config;
@@ -46,18 +47,19 @@ absl::StatusOr<ModelLoader::Plan> ModelLoader::Prepare(int slots, int64_t max_le
                             {"device", resolved_device_},
                             {"precision", p.device.cuda ? PrecisionName(p.precision) : "fp32"},
                             {"weight_format", flags_.weight_format},
+                            {"batch_invariant", flags_.batch_invariant},
                             {"config", p.config.Summary()}});
   return p;
 }
 
 absl::StatusOr<std::unique_ptr<Dsv4Model>> ModelLoader::Load(int slots, int64_t max_len) {
   ASSIGN_OR_RETURN(Plan p, Prepare(slots, max_len));
-  return CreateModel(p.device, p.precision, p.config, p.weights, p.cache);
+  return CreateModel(p.device, p.precision, p.config, p.weights, p.cache, p.batch_invariant);
 }
 
 absl::StatusOr<std::unique_ptr<Worker>> ModelLoader::LoadWorker(int slots, int64_t max_len) {
   ASSIGN_OR_RETURN(Plan p, Prepare(slots, max_len));
-  return CreateWorker(p.device, p.precision, p.config, p.weights, p.cache);
+  return CreateWorker(p.device, p.precision, p.config, p.weights, p.cache, {}, p.batch_invariant);
 }
 
 }  // namespace dsv4::cli

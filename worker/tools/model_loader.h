@@ -39,6 +39,7 @@ class ModelLoader {
     WeightsSpec weights;
     DeviceChoice device;
     Precision precision = Precision::kBF16;
+    bool batch_invariant = false;
     CacheConfig cache;
   };
   absl::StatusOr<Plan> Prepare(int slots, int64_t max_len);
