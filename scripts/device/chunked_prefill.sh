@@ -8,32 +8,23 @@
 set -uo pipefail
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
 B=.gpu/bundle
+. scripts/device/serve_lib.sh
 CFG=${CP_CONFIG:-tests/data/configs/dsv4-flash-slice3.json}
 run() {
   local rc=0
   for chunk in ${CP_CHUNKS:-512 2048 8192}; do
     echo "== --max-batched-tokens $chunk"
-    rm -f "$OUT/port.json"
-    bash $B/run.sh node/dsv4-node serve --device cuda --synthetic-config "$CFG" \
-      --tokenizer tests/data/tok-tiny/tokenizer.json --listen 127.0.0.1:0 \
-      --metrics-listen 127.0.0.1:0 --port-file "$OUT/port.json" --max-model-len 9216 \
-      --max-num-seqs 64 --max-batched-tokens "$chunk" --no-enable-prefix-caching \
-      --log-level warning &
-    local pid=$!
-    for _ in $(seq 1800); do
-      kill -0 $pid 2>/dev/null || break
-      python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["grpc"] <= 0)' "$OUT/port.json" 2>/dev/null && break
-      sleep 0.1
-    done
-    local port
-    port=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["grpc"])' "$OUT/port.json") || { rc=1; kill $pid; wait $pid; continue; }
-    timeout 120 bash $B/run.sh node/dsv4-node loadgen --target "127.0.0.1:$port" \
+    start_node --device cuda --synthetic-config "$CFG" \
+      --tokenizer tests/data/tok-tiny/tokenizer.json --max-model-len 9216 --max-num-seqs 64 \
+      --max-batched-tokens "$chunk" --no-enable-prefix-caching --log-level warning \
+      || { rc=1; continue; }
+    timeout 120 bash $B/run.sh node/dsv4-node loadgen --target "127.0.0.1:$NODE_PORT" \
       --prompt-len 8192 --concurrency 1 --requests "${CP_REPEATS:-4}" --max-tokens 8 \
       --vocab 1000 || rc=1
-    timeout 180 bash $B/run.sh node/dsv4-node loadgen --target "127.0.0.1:$port" \
+    timeout 180 bash $B/run.sh node/dsv4-node loadgen --target "127.0.0.1:$NODE_PORT" \
       --prompt-len 1024 --concurrency "${CP_CONC:-16,64}" --requests 128 --max-tokens 128 \
       --vocab 1000 || rc=1
-    kill -TERM $pid; wait $pid
+    stop_node
   done
   return $rc
 }

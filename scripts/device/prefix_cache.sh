@@ -7,6 +7,7 @@
 set -uo pipefail
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
 B=.gpu/bundle
+. scripts/device/serve_lib.sh
 CFG=${PC_CONFIG:-tests/data/configs/dsv4-flash-slice3.json}
 run() {
   local rc=0
@@ -14,30 +15,19 @@ run() {
     local flag=--enable-prefix-caching
     [ "$cache" = off ] && flag=--no-enable-prefix-caching
     echo "== prefix cache $cache"
-    rm -f "$OUT/port.json"
-    bash $B/run.sh node/dsv4-node serve --device "${PC_DEVICE:-cuda}" --synthetic-config "$CFG" \
-      --tokenizer tests/data/tok-tiny/tokenizer.json --listen 127.0.0.1:0 \
-      --metrics-listen 127.0.0.1:0 --port-file "$OUT/port.json" --max-model-len 40960 \
-      --max-num-seqs 16 --prefix-cache-max-blocks "${PC_BLOCKS:-1024}" $flag --log-level warning &
-    local pid=$!
-    for _ in $(seq 1800); do
-      kill -0 $pid 2>/dev/null || break
-      python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["grpc"] <= 0)' "$OUT/port.json" 2>/dev/null && break
-      sleep 0.1
-    done
-    local port metrics
-    port=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["grpc"])' "$OUT/port.json") || { rc=1; kill $pid; wait $pid; continue; }
-    metrics=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["metrics"])' "$OUT/port.json")
+    start_node --device "${PC_DEVICE:-cuda}" --synthetic-config "$CFG" \
+      --tokenizer tests/data/tok-tiny/tokenizer.json --max-model-len 40960 --max-num-seqs 16 \
+      --prefix-cache-max-blocks "${PC_BLOCKS:-1024}" $flag --log-level warning || { rc=1; continue; }
     for len in 8192 32768; do
-      timeout 240 bash $B/run.sh node/dsv4-node loadgen --target "127.0.0.1:$port" \
+      timeout 240 bash $B/run.sh node/dsv4-node loadgen --target "127.0.0.1:$NODE_PORT" \
         --shared-prefix-len $len --prompt-len 0 --concurrency 1 --requests "${PC_REPEATS:-4}" \
         --max-tokens 8 --vocab 1000 || rc=1
     done
-    timeout 240 bash $B/run.sh node/dsv4-node loadgen --target "127.0.0.1:$port" \
+    timeout 240 bash $B/run.sh node/dsv4-node loadgen --target "127.0.0.1:$NODE_PORT" \
       --shared-prefix-len 2048 --prompt-len 256 --turns 4 --concurrency "${PC_CONC:-8,16}" \
       --requests 64 --max-tokens 64 --vocab 1000 || rc=1
-    curl -s "127.0.0.1:$metrics/metrics" | grep -E '^dsv4_prefix_cache|^dsv4_preemptions_total' || true
-    kill -TERM $pid; wait $pid
+    curl -s "127.0.0.1:$NODE_METRICS/metrics" | grep -E '^dsv4_prefix_cache|^dsv4_preemptions_total' || true
+    stop_node
   done
   return $rc
 }

@@ -6,24 +6,19 @@
 set -uo pipefail
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
 B=.gpu/bundle
+. scripts/device/serve_lib.sh
 MODEL=${SERVE_MODEL:-tests/data/dsv4-tiny}
 run() {
   local rc=0
   for round in $(seq "${SO_ROUNDS:-2}"); do
     for o in off on; do
       echo "== round $round: --overlap-steps $o"
-      rm -f "$OUT/port.json"
-      bash $B/run.sh node/dsv4-node serve --device "${SO_DEVICE:-cuda}" --model "$MODEL" \
-        --tokenizer tests/data/tok-tiny/tokenizer.json --listen 127.0.0.1:0 \
-        --metrics-listen 127.0.0.1:0 --port-file "$OUT/port.json" --overlap-steps "$o" \
-        --log-level warning &
-      local pid=$!
-      for _ in $(seq 600); do [ -s "$OUT/port.json" ] && break; sleep 0.1; done
-      local port
-      port=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["grpc"])' "$OUT/port.json") || { rc=1; kill $pid; wait $pid; continue; }
-      timeout 120 bash $B/run.sh node/dsv4-node loadgen --target "127.0.0.1:$port" \
+      start_node --device "${SO_DEVICE:-cuda}" --model "$MODEL" \
+        --tokenizer tests/data/tok-tiny/tokenizer.json --overlap-steps "$o" --log-level warning \
+        || { rc=1; continue; }
+      timeout 120 bash $B/run.sh node/dsv4-node loadgen --target "127.0.0.1:$NODE_PORT" \
         --concurrency "${SO_CONC:-1,8,32}" --prompt-len 64 --max-tokens 128 --vocab 1000 || rc=1
-      kill -TERM $pid; wait $pid
+      stop_node
     done
   done
   return $rc
