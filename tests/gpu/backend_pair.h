@@ -3,6 +3,7 @@
 // GPU suites skip when the plugin or a device is missing (CI) and must pass on the H200 host.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
@@ -193,6 +194,22 @@ class BackendPair {
     const absl::Status s = gpu->CopyToHost(t, v.data());
     EXPECT_TRUE(s.ok()) << s;
     return v;
+  }
+  // The values a GPU tensor holds, as fp32 (bf16 widened exactly).
+  std::vector<float> HostHeld(const Tensor& g) {
+    if (g.dtype != DType::kBF16) return HostG(g);
+    std::vector<uint16_t> bits(static_cast<size_t>(g.numel()));
+    const absl::Status s = gpu->CopyToHost(g, bits.data());
+    EXPECT_TRUE(s.ok()) << s;
+    std::vector<float> v(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i) v[i] = Bf16ToF32(bits[i]);
+    return v;
+  }
+  // The CPU side of `t` set to what the GPU holds, so that the reference sees exactly the rounded
+  // values (bf16 weights).
+  void MirrorToCpu(const Both& t) {
+    const std::vector<float> v = HostHeld(t.g);
+    std::copy(v.begin(), v.end(), t.c.ptr<float>());
   }
   template <typename T>
   std::vector<T> HostAs(Backend& b, const Tensor& t) {

@@ -23,16 +23,6 @@ struct Product {
   int64_t n, k, groups;
 };
 
-// The weight as the GPU holds it, back as fp32 (bf16 bits widened, or fp32 as is).
-std::vector<float> HeldWeight(BackendPair& p, const Tensor& w) {
-  if (w.dtype == DType::kF32) return p.HostG(w);
-  std::vector<uint16_t> bits(static_cast<size_t>(w.numel()));
-  EXPECT_TRUE(p.gpu->CopyToHost(w, bits.data()).ok());
-  std::vector<float> v(bits.size());
-  for (size_t i = 0; i < bits.size(); ++i) v[i] = Bf16ToF32(bits[i]);
-  return v;
-}
-
 // y[m, groups * n] with y[r, g * n + j] = Σ_k x[r, g * k + kk] · w[g * n + j, kk], summed in
 // order with one fma each from +0.
 std::vector<float> HostSequential(const std::vector<float>& x, const std::vector<float>& w,
@@ -86,7 +76,7 @@ TEST(CudaBatchInvariant, ProductRowsEqualTheOrderedSumWhateverTheBatch) {
                                         << " groups=" << s.groups);
       Both w = p.Weight(Shape{s.groups * s.n, s.k},
                         RandomVec(s.groups * s.n * s.k, 2, -0.05f, 0.05f), WeightUse::kMatrix);
-      const std::vector<float> wh = HeldWeight(p, w.g);
+      const std::vector<float> wh = p.HostHeld(w.g);
       std::vector<float> x = RandomVec(kRows * s.groups * s.k, 1);
       const std::vector<float> full = RunProduct(p, w, x, kRows, s);
       if (prec == Precision::kBF16) x = testing::RoundBf16(x);

@@ -64,15 +64,6 @@ TEST(CudaOps, LinearFp32MatchesReference) {
   }
 }
 
-// Reads a bf16 tensor of the GPU backend back as fp32 into the matching CPU tensor, so that the
-// reference sees exactly the rounded values the GPU holds.
-void MirrorBf16(BackendPair& p, const Both& t) {
-  std::vector<uint16_t> bits(static_cast<size_t>(t.g.numel()));
-  ASSERT_TRUE(p.gpu->CopyToHost(t.g, bits.data()).ok());
-  float* dst = t.c.ptr<float>();
-  for (size_t i = 0; i < bits.size(); ++i) dst[i] = Bf16ToF32(bits[i]);
-}
-
 TEST(CudaOps, LinearBf16MatchesReferenceOnRoundedOperands) {
   DSV4_REQUIRE_GPU();
   BackendPair p(Precision::kBF16);
@@ -95,7 +86,7 @@ TEST(CudaOps, LinearBf16MatchesReferenceOnRoundedOperands) {
     Both w = p.Synthetic(SyntheticSpec{DType::kF32, Shape{c.n, c.k}, 4, -0.05f, 0.05f, 1},
                          WeightUse::kMatrix);
     ASSERT_EQ(w.g.dtype, DType::kBF16);
-    MirrorBf16(p, w);
+    p.MirrorToCpu(w);
     // The GPU rounds x to bf16 itself; the reference gets the rounded x. What remains is the
     // accumulation order.
     const auto xv = RandomVec(c.m * c.k, 3);
@@ -123,7 +114,7 @@ TEST(CudaOps, GroupedOutputProjectionMatchesReference) {
       if (prec == Precision::kBF16) xv = testing::RoundBf16(xv);
       Both xr = p.Input(Shape{m, g * k}, xv);
       Both w = p.Weight(Shape{g * n, k}, RandomVec(g * n * k, 6, -0.03f, 0.03f), WeightUse::kMatrix);
-      if (prec == Precision::kBF16) MirrorBf16(p, w);
+      if (prec == Precision::kBF16) p.MirrorToCpu(w);
       Both y = p.Scratch(DType::kF32, Shape{m, g * n});
       ASSERT_TRUE(p.cpu.GroupedLinear(xr.c, w.c, g, y.c).ok());
       const absl::Status s = p.gpu->GroupedLinear(x.g, w.g, g, y.g);
@@ -943,7 +934,7 @@ TEST(CudaOps, GroupedExpertsPermuteGemmCombine) {
       Both shared_gate_up = p.Synthetic(sgu_spec, WeightUse::kMatrix);
       Both shared_down = p.Synthetic(sdn_spec, WeightUse::kMatrix);
       if (prec == Precision::kBF16) {
-        for (const Both* t : {&gate_up, &down, &shared_gate_up, &shared_down}) MirrorBf16(p, *t);
+        for (const Both* t : {&gate_up, &down, &shared_gate_up, &shared_down}) p.MirrorToCpu(*t);
       }
       const MoeWeights routed_c{gate_up.c, down.c, Tensor{}, Tensor{}, Tensor{}};
       const MoeWeights routed_g{gate_up.g, down.g, Tensor{}, Tensor{}, Tensor{}};
@@ -1057,8 +1048,8 @@ TEST(CudaOps, WideExpertKernelSmallShapesMatchReference) {
   Both gate_up =
       p.Synthetic({DType::kF32, Shape{E, 2 * I, D}, 90, -0.05f, 0.05f, 1}, WeightUse::kMatrix);
   Both down = p.Synthetic({DType::kF32, Shape{E, D, I}, 91, -0.05f, 0.05f, 1}, WeightUse::kMatrix);
-  MirrorBf16(p, gate_up);
-  MirrorBf16(p, down);
+  p.MirrorToCpu(gate_up);
+  p.MirrorToCpu(down);
   const MoeWeights wc{gate_up.c, down.c, Tensor{}, Tensor{}, Tensor{}};
   const MoeWeights wg{gate_up.g, down.g, Tensor{}, Tensor{}, Tensor{}};
   for (int32_t T : {48, 300}) {
@@ -1089,7 +1080,7 @@ TEST(CudaOps, SingleTokenExpertsSkipInvalidIds) {
   Both down = p.Synthetic(dn_spec, WeightUse::kMatrix);
   Both shared_gate_up = p.Synthetic(sgu_spec, WeightUse::kMatrix);
   Both shared_down = p.Synthetic(sdn_spec, WeightUse::kMatrix);
-  for (const Both* t : {&gate_up, &down, &shared_gate_up, &shared_down}) MirrorBf16(p, *t);
+  for (const Both* t : {&gate_up, &down, &shared_gate_up, &shared_down}) p.MirrorToCpu(*t);
   const MoeWeights wc{gate_up.c, down.c, shared_gate_up.c, shared_down.c, Tensor{}};
   const MoeWeights wg{gate_up.g, down.g, shared_gate_up.g, shared_down.g, Tensor{}};
   p.Begin({{0, 1}}, kBlock);

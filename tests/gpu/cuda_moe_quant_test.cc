@@ -103,12 +103,7 @@ Both Stored(BackendPair& p, const StoredWeight& w) {
 // A dense matrix for the shared expert; in bf16 the CPU side gets the GPU's bf16 values.
 Both Dense(BackendPair& p, Shape shape, uint32_t seed, float a, bool bf16) {
   Both t = p.Weight(shape, RandomVec(shape.numel(), seed, -a, a), WeightUse::kMatrix);
-  if (bf16) {
-    std::vector<uint16_t> bits(static_cast<size_t>(t.g.numel()));
-    EXPECT_TRUE(p.gpu->CopyToHost(t.g, bits.data()).ok());
-    float* dst = t.c.ptr<float>();
-    for (size_t i = 0; i < bits.size(); ++i) dst[i] = Bf16ToF32(bits[i]);
-  }
+  if (bf16) p.MirrorToCpu(t);
   return t;
 }
 
