@@ -7,6 +7,7 @@
 #include "kernels/common/cuda_check.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe_mma.cuh"
+#include "kernels/cuda/moe_tiled.h"
 
 namespace dsv4::cuda {
 namespace {
@@ -275,6 +276,8 @@ size_t Layout(const ExpertsDims& d, void* base, MoeWorkspace* w) {
   w->gu = static_cast<float*>(take(sizeof(float) * a * 2 * d.inter));
   w->h = static_cast<float*>(take(sizeof(float) * a * d.inter));
   w->y = static_cast<float*>(take(sizeof(float) * a * d.dim));
+  w->xb = static_cast<uint16_t*>(take(sizeof(uint16_t) * d.tokens * d.dim));
+  w->tile_start = static_cast<int32_t*>(take(sizeof(int32_t) * (d.experts + 1)));
   w->sort_bytes = SortTempBytes(a);
   w->sort_temp = take(w->sort_bytes);
   return off;
@@ -415,20 +418,27 @@ absl::Status CombineAssignments(const ExpertsDims& d, const float* y, const int3
 
 absl::Status MoeExperts(const ExpertsDims& d, const float* u, const int32_t* idx,
                         const float* weights, const void* gate_up, const void* down, DType wdtype,
-                        void* workspace, float* out, cudaStream_t stream, bool wide,
-                        bool tensor_cores) {
+                        void* workspace, float* out, cudaStream_t stream,
+                        const MoeKernels& kernels) {
   if (d.tokens == 0) return absl::OkStatus();
   if (d.dim % 8 != 0 || d.inter % 8 != 0) {
     return absl::UnimplementedError("MoE: hidden and intermediate sizes must be multiples of 8");
   }
   const MoeWorkspace w = MoeWorkspaceLayout(d, workspace);
   const int64_t a = d.tokens * d.top_k;
-  const bool mma = tensor_cores && wdtype == DType::kBF16 && MmaFits(d.dim) &&
+  const bool mma = kernels.tensor_cores && wdtype == DType::kBF16 && MmaFits(d.dim) &&
                    MmaFits(d.inter) && Aligned16(u) && Aligned16(gate_up) && Aligned16(down);
+  TiledExpertWeights tgu, tdn;
+  tgu.bf16 = gate_up;
+  tdn.bf16 = down;
+  const int tiled_rows = mma ? MoeTiledRows(d, tgu, tdn, kernels.tiled) : 0;
   // Experts with more than 8 assignments go to the wide kernel when one can have them; the sort
   // kernels list them.
-  const bool use_wide = mma && UseWide(wide, d.tokens, a, d.experts);
+  const bool use_wide = mma && tiled_rows == 0 && UseWide(kernels.wide, d.tokens, a, d.experts);
   RETURN_IF_ERROR(SortAssignments(d, idx, use_wide, w, stream));
+  if (tiled_rows > 0) {
+    return MoeExpertsTiled(d, tiled_rows, u, weights, tgu, tdn, w, out, stream);
+  }
   if (mma) {
     return RunExpertMma<Bf16Weights>(d, u, weights, static_cast<const __nv_bfloat16*>(gate_up),
                                      static_cast<const __nv_bfloat16*>(down), use_wide, w, out,

@@ -39,17 +39,28 @@ using ExpertsDims = ::dsv4::ExpertsShape;
 // Bytes of device workspace MoeExperts needs for `tokens` tokens.
 size_t MoeWorkspaceBytes(const ExpertsDims& d);
 
+// The grouped kernels MoeExperts / MoeExpertsQuant may choose from for many tokens (the
+// benchmarks' A/B switches and the batch-invariant mode).
+struct MoeKernels {
+  // DSV4_MOE_WIDE: where the experts average at least 4 assignments, an expert with more than 8
+  // reads its weights once per 32 or 64 of them (the same bits as the 8-at-a-time kernel with K
+  // unsplit); false is the A/B baseline.
+  bool wide = true;
+  // DSV4_MOE_TILED: the tiled grouped GEMMs of prefill-sized steps (moe_tiled.h): 0 off, 1 by
+  // shape (MoeTiledRows), 64 / 128 token rows per tile forced wherever the shapes fit.
+  int tiled = 1;
+  // false: bf16 weights take the grouped FMA GEMV of fp32 weights too (the batch-invariant
+  // mode's: a token's sums never depend on how many tokens share its expert, which the
+  // tensor-core kernels' K splits and kernel choice by token count do).
+  bool tensor_cores = true;
+};
+
 // out[T, D] = Σ_k weights[t,k] · down[e] · SwiGLU(gate_up[e] · u[t]), e = idx[t,k].
 // gate_up [E, 2I, D], down [E, D, I] in fp32 or bf16 (`wdtype`). With bf16 weights an expert's
-// tokens share each weight load in groups of 8; with `wide`, where the experts average at least
-// 4 assignments, an expert with more than 8 reads its weights once per 32 or 64 of them (the
-// same bits as the 8-at-a-time kernel with K unsplit, as at Flash's 256 experts; `wide` false is
-// the A/B baseline). `tensor_cores` false: bf16 weights take the grouped FMA GEMV of fp32 weights
-// too (the batch-invariant mode's: a token's sums never depend on how many tokens share its
-// expert, which the tensor-core kernels' K splits do).
+// tokens share each weight load in groups of 8, or more as `kernels` allows.
 absl::Status MoeExperts(const ExpertsDims& d, const float* u, const int32_t* idx,
                         const float* weights, const void* gate_up, const void* down, DType wdtype,
-                        void* workspace, float* out, cudaStream_t stream, bool wide = true,
-                        bool tensor_cores = true);
+                        void* workspace, float* out, cudaStream_t stream,
+                        const MoeKernels& kernels = {});
 
 }  // namespace dsv4::cuda

@@ -53,6 +53,8 @@ struct MoeWorkspace {
   float* gu;          // [A, 2I] fp32 (FMA path)
   float* h;           // [A, I] fp32 (FMA path) or bf16 (tensor-core path)
   float* y;           // [A, D] per-assignment expert outputs
+  uint16_t* xb;       // [T, D] u in bf16 (the tiled path, moe_tiled.h)
+  int32_t* tile_start;  // [E + 1] the tiled path's token-tile prefix
   void* sort_temp;
   size_t sort_bytes;
 };

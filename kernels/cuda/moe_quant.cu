@@ -36,6 +36,7 @@
 #include "kernels/common/cuda_check.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe_mma.cuh"
+#include "kernels/cuda/moe_tiled.h"
 
 namespace dsv4::cuda {
 namespace {
@@ -92,15 +93,38 @@ absl::Status RunExpertFma(const ExpertsDims& d, const float* u, const float* wei
 
 // One format: the sort, then the tensor-core kernels (bf16 mode, where they fit) or the FMA
 // kernels (R exact: fp32 mode; Rb with bf16 rounding otherwise).
+TiledExpertWeights TiledOf(const Mxfp4Matrix& m) {
+  TiledExpertWeights t;
+  t.format = QuantFormat::kMxfp4;
+  t.fp4 = m;
+  return t;
+}
+TiledExpertWeights TiledOf(const Fp8Matrix& m) {
+  TiledExpertWeights t;
+  t.format = QuantFormat::kFp8Block;
+  t.fp8 = m;
+  return t;
+}
+
+// One format: the sort, then the tiled GEMMs (prefill-sized steps), the tensor-core kernels
+// (bf16 mode, where they fit) or the FMA kernels (R exact: fp32 mode; Rb with bf16 rounding
+// otherwise).
 template <class P, class R, class Rb>
 absl::Status RunQuantExperts(const ExpertsDims& d, const float* u, const int32_t* idx,
                              const float* weights, const typename P::Matrix& gate_up,
-                             const typename P::Matrix& down, bool exact, bool mma_ok, bool wide,
-                             void* workspace, float* out, cudaStream_t stream) {
+                             const typename P::Matrix& down, bool exact, bool mma_ok,
+                             const MoeKernels& kernels, void* workspace, float* out,
+                             cudaStream_t stream) {
   const MoeWorkspace w = MoeWorkspaceLayout(d, workspace);
   const bool mma = !exact && mma_ok && QuantMmaFits<P>(d, u, gate_up, down);
-  const bool use_wide = mma && UseWide(wide, d.tokens, d.tokens * d.top_k, d.experts);
+  const TiledExpertWeights tgu = TiledOf(gate_up), tdn = TiledOf(down);
+  const int tiled_rows = mma ? MoeTiledRows(d, tgu, tdn, kernels.tiled) : 0;
+  const bool use_wide = mma && tiled_rows == 0 &&
+                        UseWide(kernels.wide, d.tokens, d.tokens * d.top_k, d.experts);
   RETURN_IF_ERROR(SortAssignments(d, idx, use_wide, w, stream));
+  if (tiled_rows > 0) {
+    return MoeExpertsTiled(d, tiled_rows, u, weights, tgu, tdn, w, out, stream);
+  }
   if constexpr (std::is_same_v<P, Mxfp4Weights>) {
     // Steps without a wide pass: ExpertMmaKernel with the folded expansion (Mxfp4FoldWeights,
     // which the wide kernel does not have; steps with one keep Mxfp4Weights in both kernels).
@@ -439,8 +463,8 @@ absl::Status DecodeFor(const MoeDecodeArgs& a, const QuantExperts& w, const Fp8M
 
 absl::Status MoeExpertsQuant(const ExpertsDims& d, const float* u, const int32_t* idx,
                              const float* weights, const QuantExperts& w, bool exact,
-                             void* workspace, float* out, cudaStream_t stream, bool wide,
-                             bool tensor_cores) {
+                             void* workspace, float* out, cudaStream_t stream,
+                             const MoeKernels& kernels) {
   if (d.tokens == 0) return absl::OkStatus();
   if (w.format == QuantFormat::kMxfp4) {
     RETURN_IF_ERROR(CheckExperts(d, w.fp4_gate_up, w.fp4_down));
@@ -450,8 +474,8 @@ absl::Status MoeExpertsQuant(const ExpertsDims& d, const float* u, const int32_t
           "MoeExpertsQuant: MXFP4 experts need D and I multiples of 32 and 16-byte aligned codes");
     }
     return RunQuantExperts<Mxfp4Weights, Mxfp4Rows<false>, Mxfp4Rows<true>>(
-        d, u, idx, weights, w.fp4_gate_up, w.fp4_down, exact, tensor_cores, wide, workspace, out,
-        stream);
+        d, u, idx, weights, w.fp4_gate_up, w.fp4_down, exact, kernels.tensor_cores, kernels,
+        workspace, out, stream);
   }
   if (w.format == QuantFormat::kFp8Block) {
     RETURN_IF_ERROR(CheckExperts(d, w.fp8_gate_up, w.fp8_down));
@@ -463,9 +487,11 @@ absl::Status MoeExpertsQuant(const ExpertsDims& d, const float* u, const int32_t
           "MoeExpertsQuant: FP8 experts need D, I and the scale block width multiples of 16 and "
           "16-byte aligned bytes");
     }
-    const bool mma_ok = tensor_cores && Fp8MmaFits(w.fp8_gate_up) && Fp8MmaFits(w.fp8_down);
+    const bool mma_ok =
+        kernels.tensor_cores && Fp8MmaFits(w.fp8_gate_up) && Fp8MmaFits(w.fp8_down);
     return RunQuantExperts<Fp8Weights, Fp8Rows<false>, Fp8Rows<true>>(
-        d, u, idx, weights, w.fp8_gate_up, w.fp8_down, exact, mma_ok, wide, workspace, out, stream);
+        d, u, idx, weights, w.fp8_gate_up, w.fp8_down, exact, mma_ok, kernels, workspace, out,
+        stream);
   }
   return absl::InvalidArgumentError("MoeExpertsQuant: the experts are not MXFP4 or FP8");
 }

@@ -27,13 +27,13 @@ struct QuantExperts {
 // Many tokens (prefill and batched decode): each active expert's weights read once per group of
 // its tokens, dequantised in registers or shared memory; fp32 accumulation. `exact` (fp32 mode):
 // u exact in fp32 and the products exact, the CPU reference's numbers to rounding; otherwise u
-// and the SwiGLU output rounded to bf16, as the bf16 expert kernels do. `wide` and
-// `tensor_cores` as in MoeExperts.
+// and the SwiGLU output rounded to bf16, as the bf16 expert kernels do. `kernels` as in
+// MoeExperts.
 // `workspace` of MoeWorkspaceBytes(d) bytes.
 absl::Status MoeExpertsQuant(const ExpertsDims& d, const float* u, const int32_t* idx,
                              const float* weights, const QuantExperts& w, bool exact,
-                             void* workspace, float* out, cudaStream_t stream, bool wide = true,
-                             bool tensor_cores = true);
+                             void* workspace, float* out, cudaStream_t stream,
+                             const MoeKernels& kernels = {});
 
 // One token (batch-1 decode), as MoeDecodeBf16 (moe_decode.h) with quantised routed experts: `a`
 // gives the sizes, u, idx, weights, h, out and the shared expert (a.shared_gate_up / a.shared_down

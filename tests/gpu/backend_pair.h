@@ -33,6 +33,32 @@ inline bool TestKeepsFormats() {
   return v == nullptr || std::string(v) != "bf16";
 }
 
+// Sets an environment variable (a backend's A/B switch, read when the backend is created) for
+// its lifetime and puts the caller's value back after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* before = std::getenv(name);
+    had_ = before != nullptr;
+    if (had_) saved_ = before;
+    EXPECT_EQ(setenv(name, value, 1), 0) << name;
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      setenv(name_, saved_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string saved_;
+};
+
 inline std::vector<float> RandomVec(int64_t n, uint32_t seed, float lo = -1, float hi = 1) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> d(lo, hi);

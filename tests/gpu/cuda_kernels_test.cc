@@ -10,6 +10,7 @@
 
 #include "kernels/indexer_ref.h"
 #include "tests/gpu/backend_pair.h"
+#include "tests/gpu/moe_test_data.h"
 
 namespace dsv4 {
 namespace {
@@ -17,7 +18,9 @@ namespace {
 using testing::BackendPair;
 using testing::Both;
 using testing::Close;
+using testing::RandomRouting;
 using testing::RandomVec;
+using testing::ScopedEnv;
 using testing::SeqSpec;
 
 constexpr int32_t kBlock = 128;  // the Flash default block (lcm of ratios 4 and 128)
@@ -893,18 +896,6 @@ TEST(CudaOps, RouterScoreAndHash) {
 
 // Routing of `tokens` tokens to `top_k` distinct experts each out of `experts`, drawn by `seed`
 // (a shuffle per token) -> idx [tokens, top_k].
-std::vector<int32_t> RandomRouting(int32_t tokens, int64_t experts, int64_t top_k, uint32_t seed) {
-  std::vector<int32_t> idx(tokens * top_k);
-  std::mt19937 rng(seed);
-  for (int32_t t = 0; t < tokens; ++t) {
-    std::vector<int32_t> e(experts);
-    std::iota(e.begin(), e.end(), 0);
-    std::shuffle(e.begin(), e.end(), rng);
-    std::copy(e.begin(), e.begin() + top_k, idx.begin() + t * top_k);
-  }
-  return idx;
-}
-
 struct MoeCase {
   int64_t experts, dim, inter, top_k;
   std::vector<int32_t> tokens;
@@ -983,6 +974,7 @@ TEST(CudaOps, GroupedExpertsPermuteGemmCombine) {
 // 700, the last partial).
 TEST(CudaOps, WideExpertKernelGivesTheSameBits) {
   DSV4_REQUIRE_GPU();
+  const ScopedEnv no_tiles("DSV4_MOE_TILED", "0");  // 300 and 700 tokens would be tiled
   // The switch is read when a backend is created; the caller's own value is put back after.
   const char* before = std::getenv("DSV4_MOE_WIDE");
   const std::string saved = before != nullptr ? before : "";

@@ -152,7 +152,16 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   b->hc_cluster_ = b->hc_cluster_ && cuda::HcClusterSchedulable();
   // DSV4_MOE_WIDE=0: every expert streams its weights once per 8 of its tokens (the A/B baseline
   // of the wide pass, which reads them once per 64).
-  ASSIGN_OR_RETURN(b->moe_wide_, EnvBool("DSV4_MOE_WIDE", true));
+  ASSIGN_OR_RETURN(b->moe_kernels_.wide, EnvBool("DSV4_MOE_WIDE", true));
+  // DSV4_MOE_TILED: the tiled grouped GEMMs of prefill-sized steps: 0 off (the A/B baseline),
+  // 1 by shape, 64 / 128 token rows per tile forced (kernels/cuda/moe_tiled.h).
+  {
+    static constexpr int kTiled[] = {0, 1, 64, 128};
+    ASSIGN_OR_RETURN(const int i, EnvChoice("DSV4_MOE_TILED", {"0", "1", "64", "128"}, 1));
+    b->moe_kernels_.tiled = kTiled[i];
+  }
+  // Batch-invariant mode: the grouped FMA GEMV, whose sums do not depend on the token count.
+  b->moe_kernels_.tensor_cores = !options.batch_invariant;
   // DSV4_HC_DEFER_GATES=0: the boundary kernel computes post and comb itself (the Sinkhorn on
   // the critical path, the A/B baseline of the deferral).
   ASSIGN_OR_RETURN(b->defer_gates_, EnvBool("DSV4_HC_DEFER_GATES", true));
@@ -1489,8 +1498,7 @@ absl::Status CudaBackend::QuantMoeExperts(const Tensor& u, const Tensor& idx, co
     RETURN_IF_ERROR(cuda::MoeExpertsQuant(d, u.ptr<float>(), idx.ptr<int32_t>(),
                                           weights.ptr<float>(), q,
                                           options_.matrix_dtype == DType::kF32, ws.data,
-                                          out.ptr<float>(), cur_stream(), moe_wide_,
-                                          !options_.batch_invariant));
+                                          out.ptr<float>(), cur_stream(), moe_kernels_));
   }
   return AddSharedExpert(*this, u, w, swiglu_limit, out);
 }
@@ -1531,7 +1539,7 @@ absl::Status CudaBackend::RoutedExperts(const Tensor& u, const Tensor& idx, cons
                    OpScratch(DType::kU8, Shape{static_cast<int64_t>(cuda::MoeWorkspaceBytes(d))}));
   return cuda::MoeExperts(d, u.ptr<float>(), idx.ptr<int32_t>(), weights.ptr<float>(), gate_up.data,
                           down.data, gate_up.dtype, ws.data, out.ptr<float>(), cur_stream(),
-                          moe_wide_, !options_.batch_invariant);
+                          moe_kernels_);
 }
 
 absl::Status CudaBackend::SwiGlu(const Tensor& gate_up, float limit, Tensor h) {

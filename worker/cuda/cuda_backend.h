@@ -31,6 +31,7 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/mhc.h"
+#include "kernels/cuda/moe.h"
 #include "kernels/ragged_batch.h"
 #include "worker/cuda/device_memory.h"
 #include "worker/cuda/op_profile.h"
@@ -307,7 +308,7 @@ class CudaBackend final : public Backend {
   // single-token GEMV / fused MoE kernels (kernels/cuda/gemv.h, moe_decode.h)
   bool row_gemv_ = true;
   bool hc_cluster_ = true;  // decode boundaries as one cluster launch (cuda::HcClusterNorm)
-  bool moe_wide_ = true;    // experts with > 8 tokens read their weights once per 64 of them
+  cuda::MoeKernels moe_kernels_;  // the grouped expert kernels allowed (DSV4_MOE_WIDE, _TILED)
   bool defer_gates_ = true;  // the boundaries' Sinkhorn on the gates stream (DeferredGates)
   // Benchmarks only, DSV4_BENCH_REPEAT_OPS=Op,Op,...: the named ops launch their kernels twice
   // (the work inside Launch's lambda; e.g. not the bf16 cast of a cuBLASLt operand), so a

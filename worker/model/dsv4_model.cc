@@ -131,9 +131,9 @@ uint64_t Dsv4Model::StepScratchBytes(const ModelConfig& c, const CacheConfig& ca
     }
     v += 3 * I + D + c.n_routed_experts + 2 * K;  // shared h, gate/up and output; router
     // The ops' temporaries: bf16 copies of the products' inputs (x of up to nine, cq, o,
-    // grouped, h) and the routed experts' workspace (gate/up, SwiGLU and output rows per
-    // assignment, sort arrays).
-    v += (9 * D + 2 * c.q_lora_rank + H * hd + c.o_groups * c.o_lora_rank + I) / 2 +
+    // grouped, h, the tiled experts' u) and the routed experts' workspace (gate/up, SwiGLU and
+    // output rows per assignment, sort arrays).
+    v += (10 * D + 2 * c.q_lora_rank + H * hd + c.o_groups * c.o_lora_rank + I) / 2 +
          K * (3 * I + D) + 4 * K;
     layer_max = std::max(layer_max, v);
     layers_sum += v;

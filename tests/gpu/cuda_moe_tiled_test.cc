@@ -1,0 +1,130 @@
+// The tiled grouped expert GEMMs of prefill-sized steps (kernels/cuda/moe_tiled.h) against the
+// CPU reference, through the Backend seam in bf16 mode (label `gpu`): bf16, MXFP4 and FP8 routed
+// experts, ragged token counts (1, 7, 129, 1000, 8192), experts with none, one and many
+// assignments (HotRouting), both token tiles forced (DSV4_MOE_TILED=64 / 128) and chosen by
+// shape. The tolerance is the bf16 expert tests' 1e-2 at the output's scale (u and h rounded to
+// bf16; FP8 weights rounded to bf16 once). Both token tiles sum every output over k in the same
+// order with the same operands, so they must agree bit for bit.
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tests/gpu/backend_pair.h"
+#include "tests/gpu/moe_test_data.h"
+
+namespace dsv4 {
+namespace {
+
+using testing::BackendPair;
+using testing::Both;
+using testing::HotRouting;
+using testing::RandomExperts;
+using testing::RandomRouting;
+using testing::RandomVec;
+using testing::ScopedEnv;
+using testing::Stored;
+using testing::StoredExperts;
+
+constexpr int32_t kBlock = 128;
+constexpr float kLimit = 10.0f;
+
+// Expert weights in `format`; kDense: random values the GPU holds in bf16 and the CPU side then
+// reads as those bf16 values.
+struct Experts {
+  Both gate_up, down;
+};
+Experts MakeExperts(BackendPair& p, WeightFormat format, int64_t e, int64_t dim, int64_t inter,
+                    uint32_t seed) {
+  if (format == WeightFormat::kDense) {
+    Experts x{p.Weight(Shape{e, 2 * inter, dim}, RandomVec(e * 2 * inter * dim, seed, -0.02f, 0.02f),
+                       WeightUse::kMatrix),
+              p.Weight(Shape{e, dim, inter}, RandomVec(e * dim * inter, seed + 1, -0.03f, 0.03f),
+                       WeightUse::kMatrix)};
+    p.MirrorToCpu(x.gate_up);
+    p.MirrorToCpu(x.down);
+    return x;
+  }
+  const StoredExperts st = RandomExperts(format, e, dim, inter, seed);
+  return Experts{Stored(p, st.gate_up), Stored(p, st.down)};
+}
+
+struct TiledCase {
+  int64_t experts, dim, inter, top_k;
+  std::vector<int32_t> tokens;
+  bool hot = false;
+};
+
+// GPU (with DSV4_MOE_TILED = `mode`) against the CPU reference for each token count of `c`;
+// returns the GPU outputs in order.
+std::vector<std::vector<float>> CompareTiled(const char* mode, WeightFormat format,
+                                             const TiledCase& c, uint32_t seed) {
+  std::vector<std::vector<float>> outs;
+  const ScopedEnv tiled("DSV4_MOE_TILED", mode);
+  BackendPair p(Precision::kBF16);
+  EXPECT_TRUE(p.gpu != nullptr);
+  if (p.gpu == nullptr) return outs;
+  const Experts x = MakeExperts(p, format, c.experts, c.dim, c.inter, seed);
+  const MoeWeights wc{x.gate_up.c, x.down.c, Tensor{}, Tensor{}, Tensor{}};
+  const MoeWeights wg{x.gate_up.g, x.down.g, Tensor{}, Tensor{}, Tensor{}};
+  for (int32_t T : c.tokens) {
+    SCOPED_TRACE(::testing::Message() << "DSV4_MOE_TILED=" << mode << " "
+                                      << WeightFormatName(format) << " T=" << T
+                                      << (c.hot ? " hot" : ""));
+    p.Begin({{0, T}}, kBlock);
+    const std::vector<int32_t> idx = c.hot ? HotRouting(T, c.experts, c.top_k, seed + T)
+                                           : RandomRouting(T, c.experts, c.top_k, seed + T);
+    Both u = p.Input(Shape{T, c.dim}, testing::RoundBf16(RandomVec(T * c.dim, seed + 2)));
+    Both ix = p.InputI(Shape{T, c.top_k}, idx);
+    Both w = p.Input(Shape{T, c.top_k}, RandomVec(T * c.top_k, seed + 3, 0, 1));
+    Both out = p.Scratch(DType::kF32, Shape{T, c.dim});
+    EXPECT_TRUE(p.cpu.MoeExperts(u.c, ix.c, w.c, wc, kLimit, out.c).ok());
+    const absl::Status st = p.gpu->MoeExperts(u.g, ix.g, w.g, wg, kLimit, out.g);
+    EXPECT_TRUE(st.ok()) << st;
+    if (!st.ok()) return outs;
+    EXPECT_TRUE(p.SameAtScale(out, 1e-2));
+    outs.push_back(p.HostAs<float>(*p.gpu, out.g));
+  }
+  return outs;
+}
+
+// Small widths in all three formats, both token tiles forced: ragged counts (a partial last
+// token tile everywhere; at T = 1 and 7 most experts have no assignment, the rest one) and a hot
+// expert (every token) next to experts with none or one. The two tiles give the same bits.
+TEST(CudaMoeTiled, RaggedCountsMatchReference) {
+  DSV4_REQUIRE_GPU();
+  for (WeightFormat f : {WeightFormat::kDense, WeightFormat::kMxfp4, WeightFormat::kFp8Block}) {
+    for (bool hot : {false, true}) {
+      const TiledCase c{8, 256, 128, 2, {1, 7, 129, 1000}, hot};
+      const auto a = CompareTiled("64", f, c, 900);
+      const auto b = CompareTiled("128", f, c, 900);
+      ASSERT_EQ(a.size(), c.tokens.size());
+      ASSERT_EQ(b.size(), c.tokens.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        EXPECT_EQ(0, std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)))
+            << WeightFormatName(f) << " T=" << c.tokens[i] << (hot ? " hot" : "");
+      }
+    }
+  }
+}
+
+// Flash widths (D = 4096, I = 2048, top-6) at 8 experts and 1000 tokens, chosen by shape
+// (750 assignments an expert: 128-row tiles), with random and hot routing.
+TEST(CudaMoeTiled, FlashWidthsMatchReference) {
+  DSV4_REQUIRE_GPU();
+  for (WeightFormat f : {WeightFormat::kDense, WeightFormat::kMxfp4, WeightFormat::kFp8Block}) {
+    CompareTiled("1", f, TiledCase{8, 4096, 2048, 6, {1000}, false}, 910);
+    CompareTiled("1", f, TiledCase{8, 4096, 2048, 6, {1000}, true}, 920);
+  }
+}
+
+// An 8192-token prefill over 64 experts (768 assignments each: 128-row tiles by shape) and 2048
+// tokens over 256 experts (48 each: 64-row tiles), MXFP4 as released.
+TEST(CudaMoeTiled, LongPromptsMatchReference) {
+  DSV4_REQUIRE_GPU();
+  CompareTiled("1", WeightFormat::kMxfp4, TiledCase{64, 512, 256, 6, {8192}}, 930);
+  CompareTiled("1", WeightFormat::kMxfp4, TiledCase{256, 512, 256, 6, {2048}}, 940);
+}
+
+}  // namespace
+}  // namespace dsv4
