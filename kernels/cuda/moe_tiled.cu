@@ -46,7 +46,8 @@ using bf16 = __nv_bfloat16;
 constexpr int kTileN = 128;         // weight rows per block (gate_up: 64 gate + their 64 up)
 constexpr int kTileK = 64;          // k per stage
 constexpr int kStages = 3;
-constexpr int kThreads = 256;       // 8 warps: 2 along the assignments x 4 along the weights
+// Blocks of 2 x kWarpsN warps: 2 along the assignments, kWarpsN (4 or 2) along the 128 weight
+// rows; kThreads = 64 kWarpsN.
 constexpr int kPitch = kTileK + 8;  // bf16 per shared row (144 bytes: ldmatrix conflict-free)
 constexpr int kScanThreads = 1024, kScanItems = 4;
 constexpr int64_t kMaxExperts = int64_t{kScanThreads} * kScanItems - 1;
@@ -93,8 +94,9 @@ __device__ __forceinline__ int64_t WeightRow(int r, int32_t n_tile, int64_t n_ou
 // the stage (bf16) or into registers (quantised); Store(k0, stage): the registers expanded into
 // the stage (quantised; nothing for bf16).
 
+template <int kThreads>
 struct TileBf16 {
-  static constexpr int kChunks = kTileN * kTileK / 8 / kThreads;  // 4 x 16 bytes
+  static constexpr int kChunks = kTileN * kTileK / 8 / kThreads;  // 4 or 8 x 16 bytes
   const bf16* p[kChunks];
   int dst[kChunks];  // offset in the stage
   template <class RowOf>
@@ -114,25 +116,34 @@ struct TileBf16 {
   __device__ __forceinline__ void Store(int64_t, bf16*) const {}
 };
 
-// MXFP4: a thread takes one row's 32 codes of one scale group (16 bytes and the UE8M0 byte).
+// MXFP4: a thread takes one row's 32 codes of one scale group (16 bytes and the UE8M0 byte),
+// once or twice.
+template <int kThreads>
 struct TileMxfp4 {
-  const uint8_t* codes;
-  const uint8_t* scale;
-  int dst;
-  uint4 raw;
-  uint32_t s;
+  static constexpr int kChunks = kTileN * kTileK / 32 / kThreads;  // 1 or 2
+  const uint8_t* codes[kChunks];
+  const uint8_t* scale[kChunks];
+  int dst[kChunks];
+  uint4 raw[kChunks];
+  uint32_t s[kChunks];
   template <class RowOf>
   __device__ __forceinline__ void Init(const TiledExpertWeights& w, int64_t row0, RowOf row_of,
                                        int64_t k_in) {
-    const int r = threadIdx.x >> 1, half = threadIdx.x & 1;
-    const int64_t g = row0 + row_of(r);
-    codes = w.fp4.w + g * (k_in / 2) + half * 16;
-    scale = w.fp4.scale + g * (k_in / 32) + half;
-    dst = r * kPitch + half * 32;
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      const int c = threadIdx.x + i * kThreads, r = c >> 1, half = c & 1;
+      const int64_t g = row0 + row_of(r);
+      codes[i] = w.fp4.w + g * (k_in / 2) + half * 16;
+      scale[i] = w.fp4.scale + g * (k_in / 32) + half;
+      dst[i] = r * kPitch + half * 32;
+    }
   }
   __device__ __forceinline__ void Load(int64_t k0, bf16*) {
-    raw = LoadWeights16(reinterpret_cast<const uint4*>(codes + k0 / 2));
-    s = __ldg(scale + k0 / 32);
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      raw[i] = LoadWeights16(reinterpret_cast<const uint4*>(codes[i] + k0 / 2));
+      s[i] = __ldg(scale[i] + k0 / 32);
+    }
   }
   // Codes 2j and 2j + 1 of a word to nibbles j and j + 4 (Mxfp4Bf16x8 then pairs them).
   __device__ __forceinline__ static uint32_t Unshuffle(uint32_t w) {
@@ -144,17 +155,23 @@ struct TileMxfp4 {
     return e | (o << 16);
   }
   __device__ __forceinline__ void Store(int64_t, bf16* stage) const {
-    const uint32_t s2 = E8M0Bf16x2(s);
-    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-    for (int j = 0; j < 4; ++j) StoreShared16(stage + dst + 8 * j, Mxfp4Bf16x8(Unshuffle(words[j]), s2));
+    for (int i = 0; i < kChunks; ++i) {
+      const uint32_t s2 = E8M0Bf16x2(s[i]);
+      const uint32_t words[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        StoreShared16(stage + dst[i] + 8 * j, Mxfp4Bf16x8(Unshuffle(words[j]), s2));
+      }
+    }
   }
 };
 
 // FP8 blocks: a thread takes 16 bytes of each of two rows' slices (within one scale block:
 // block_cols % 16 == 0).
+template <int kThreads>
 struct TileFp8 {
-  static constexpr int kChunks = kTileN * kTileK / 16 / kThreads;  // 2
+  static constexpr int kChunks = kTileN * kTileK / 16 / kThreads;  // 2 or 4
   const uint8_t* p[kChunks];
   const float* srow[kChunks];  // the row's scales at column 0
   int col[kChunks], dst[kChunks];
@@ -227,8 +244,13 @@ struct GemmArgs {
   void* y;                   // gate_up: h bf16 [A, I]; down: y fp32 [A, D] at order[a]
 };
 
-template <class W, bool kSwiGlu, int kMt>
-__global__ void __launch_bounds__(kThreads, 2) ExpertTileKernel(const GemmArgs g) {
+// kMt m16 tiles per warp (BM = 32 kMt), kWarpsN warps along the weight rows, each with
+// kNt = 16 / kWarpsN n8 tiles (warp tiles (BM / 2) x 32 or x 64).
+template <template <int> class WT, bool kSwiGlu, int kMt, int kWarpsN>
+__global__ void __launch_bounds__(64 * kWarpsN, 2) ExpertTileKernel(const GemmArgs g) {
+  constexpr int kThreads = 64 * kWarpsN;
+  constexpr int kNt = 16 / kWarpsN;
+  using W = WT<kThreads>;
   constexpr int kRows = 32 * kMt;  // BM: assignments per block
   constexpr int kAChunks = kRows * kTileK / 8 / kThreads;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -285,14 +307,24 @@ __global__ void __launch_bounds__(kThreads, 2) ExpertTileKernel(const GemmArgs g
   };
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int wm = warp >> 2, wn = warp & 3;
-  // The warp's weight rows in the tile: two groups of 16 (n8 tiles 2p, 2p + 1).
-  auto n_base = [&](int p) { return kSwiGlu ? p * (kTileN / 2) + wn * 16 : wn * 32 + p * 16; };
-  float acc[kMt][4][4];
+  const int wm = warp / kWarpsN, wn = warp % kWarpsN;
+  // The warp's weight rows in the tile: kNt / 2 groups of 16 (n8 tiles 2p, 2p + 1); gate_up:
+  // the first half gate rows, the second half the up rows of the same columns.
+  auto n_base = [&](int p) {
+    if constexpr (kSwiGlu) {
+      constexpr int kHalf = kNt / 4;
+      return p < kHalf ? wn * 8 * kNt / 2 + 16 * p : kTileN / 2 + wn * 8 * kNt / 2 + 16 * (p - kHalf);
+    } else {
+      return wn * 8 * kNt + 16 * p;
+    }
+  };
+  float acc[kMt][kNt][4];
 #pragma unroll
   for (int mt = 0; mt < kMt; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+    for (int nt = 0; nt < kNt; ++nt) {
+      acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+    }
 
   const int kt_count = static_cast<int>(g.k_in / kTileK);
 #pragma unroll
@@ -319,21 +351,21 @@ __global__ void __launch_bounds__(kThreads, 2) ExpertTileKernel(const GemmArgs g
     const bf16* cb = sb + (kt % kStages) * kTileN * kPitch;
 #pragma unroll
     for (int ks = 0; ks < kTileK / 16; ++ks) {
-      uint32_t af[kMt][4], bw[2][4];
+      uint32_t af[kMt][4], bw[kNt / 2][4];
 #pragma unroll
       for (int mt = 0; mt < kMt; ++mt) {
         LdMatrixX4(af[mt], ca + (wm * 16 * kMt + mt * 16 + (lane & 15)) * kPitch + ks * 16 +
                                (lane >> 4) * 8);
       }
 #pragma unroll
-      for (int p = 0; p < 2; ++p) {
+      for (int p = 0; p < kNt / 2; ++p) {
         LdMatrixX4(bw[p], cb + (n_base(p) + (lane & 7) + ((lane >> 4) << 3)) * kPitch + ks * 16 +
                               ((lane >> 3) & 1) * 8);
       }
 #pragma unroll
       for (int mt = 0; mt < kMt; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
+        for (int nt = 0; nt < kNt; ++nt)
           MmaBf16(acc[mt][nt], af[mt][0], af[mt][1], af[mt][2], af[mt][3],
                   bw[nt >> 1][(nt & 1) * 2], bw[nt >> 1][(nt & 1) * 2 + 1]);
     }
@@ -352,15 +384,16 @@ __global__ void __launch_bounds__(kThreads, 2) ExpertTileKernel(const GemmArgs g
       if constexpr (kSwiGlu) {
         bf16* h = static_cast<bf16*>(g.y) + a * g.n_out;
 #pragma unroll
-        for (int q = 0; q < 2; ++q) {
+        for (int q = 0; q < kNt / 2; ++q) {
           const int64_t col =
-              int64_t{n_tile} * (kTileN / 2) + wn * 16 + q * 8 + (lane & 3) * 2;
+              int64_t{n_tile} * (kTileN / 2) + wn * 8 * kNt / 2 + q * 8 + (lane & 3) * 2;
           float v[2];
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
             // SwiGluKernel's clamps and expression.
             const float gate = fminf(acc[mt][q][half * 2 + j], g.limit);
-            const float up = fminf(fmaxf(acc[mt][q + 2][half * 2 + j], -g.limit), g.limit);
+            const float up =
+                fminf(fmaxf(acc[mt][q + kNt / 2][half * 2 + j], -g.limit), g.limit);
             v[j] = gate / (1.0f + expf(-gate)) * up;
           }
           *reinterpret_cast<__nv_bfloat162*>(h + col) = __floats2bfloat162_rn(v[0], v[1]);
@@ -369,7 +402,7 @@ __global__ void __launch_bounds__(kThreads, 2) ExpertTileKernel(const GemmArgs g
         float* yr = static_cast<float*>(g.y) + int64_t{g.order[a]} * g.n_out +
                     int64_t{n_tile} * kTileN;
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
+        for (int nt = 0; nt < kNt; ++nt) {
           const int col = n_base(nt >> 1) + (nt & 1) * 8 + (lane & 3) * 2;
           *reinterpret_cast<float2*>(yr + col) =
               make_float2(acc[mt][nt][half * 2], acc[mt][nt][half * 2 + 1]);
@@ -379,11 +412,11 @@ __global__ void __launch_bounds__(kThreads, 2) ExpertTileKernel(const GemmArgs g
   }
 }
 
-template <class W, bool kSwiGlu, int kMt>
+template <template <int> class W, bool kSwiGlu, int kMt, int kWarpsN>
 absl::Status LaunchTiles(const GemmArgs& g, int64_t assignments, cudaStream_t stream) {
   constexpr int kRows = 32 * kMt;
   const size_t smem = sizeof(bf16) * kStages * (kRows + kTileN) * kPitch;
-  auto kernel = ExpertTileKernel<W, kSwiGlu, kMt>;
+  auto kernel = ExpertTileKernel<W, kSwiGlu, kMt, kWarpsN>;
   CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(smem)));
   // Two blocks an SM need the whole carveout at 128-row tiles (2 x 109 KiB).
@@ -395,22 +428,25 @@ absl::Status LaunchTiles(const GemmArgs& g, int64_t assignments, cudaStream_t st
   if (bound > std::numeric_limits<int32_t>::max()) {
     return absl::InvalidArgumentError("MoeExpertsTiled: more tiles than a grid holds");
   }
-  kernel<<<static_cast<unsigned>(bound), kThreads, smem, stream>>>(g);
+  kernel<<<static_cast<unsigned>(bound), 64 * kWarpsN, smem, stream>>>(g);
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
 
-template <class W, int kMt>
+template <template <int> class W, int kMt, int kWarpsN>
 absl::Status RunTiled(const ExpertsShape& d, GemmArgs gu, GemmArgs dn, cudaStream_t stream) {
   const int64_t a = d.tokens * d.top_k;
-  RETURN_IF_ERROR((LaunchTiles<W, true, kMt>(gu, a, stream)));
-  return LaunchTiles<W, false, kMt>(dn, a, stream);
+  RETURN_IF_ERROR((LaunchTiles<W, true, kMt, kWarpsN>(gu, a, stream)));
+  return LaunchTiles<W, false, kMt, kWarpsN>(dn, a, stream);
 }
 
-template <class W>
-absl::Status RunTiledRows(int rows, const ExpertsShape& d, const GemmArgs& gu, const GemmArgs& dn,
-                          cudaStream_t stream) {
-  return rows == 128 ? RunTiled<W, 4>(d, gu, dn, stream) : RunTiled<W, 2>(d, gu, dn, stream);
+template <template <int> class W>
+absl::Status RunTiledRows(int rows, int warps, const ExpertsShape& d, const GemmArgs& gu,
+                          const GemmArgs& dn, cudaStream_t stream) {
+  if (warps == 4) {
+    return rows == 128 ? RunTiled<W, 4, 2>(d, gu, dn, stream) : RunTiled<W, 2, 2>(d, gu, dn, stream);
+  }
+  return rows == 128 ? RunTiled<W, 4, 4>(d, gu, dn, stream) : RunTiled<W, 2, 4>(d, gu, dn, stream);
 }
 
 bool FormatFits(const TiledExpertWeights& w) {
@@ -445,12 +481,12 @@ int MoeTiledRows(const ExpertsShape& d, const TiledExpertWeights& gate_up,
   return a >= 256 * d.experts ? 128 : 64;
 }
 
-absl::Status MoeExpertsTiled(const ExpertsShape& d, int tile_rows, const float* u,
+absl::Status MoeExpertsTiled(const ExpertsShape& d, int tile_rows, int warps, const float* u,
                              const float* weights, const TiledExpertWeights& gate_up,
                              const TiledExpertWeights& down, const MoeWorkspace& w, float* out,
                              cudaStream_t stream) {
-  if (tile_rows != 64 && tile_rows != 128) {
-    return absl::InvalidArgumentError("MoeExpertsTiled: tile_rows must be 64 or 128");
+  if ((tile_rows != 64 && tile_rows != 128) || (warps != 4 && warps != 8)) {
+    return absl::InvalidArgumentError("MoeExpertsTiled: tile_rows must be 64 or 128, warps 4 or 8");
   }
   // The kernels copy the token-tile prefix into their stage memory (kMaxExperts keeps it there).
   if (MoeTiledRows(d, gate_up, down, tile_rows) != tile_rows) {
@@ -487,13 +523,13 @@ absl::Status MoeExpertsTiled(const ExpertsShape& d, int tile_rows, const float* 
   dn.y = w.y;
   switch (gate_up.format) {
     case QuantFormat::kNone:
-      RETURN_IF_ERROR(RunTiledRows<TileBf16>(tile_rows, d, gu, dn, stream));
+      RETURN_IF_ERROR(RunTiledRows<TileBf16>(tile_rows, warps, d, gu, dn, stream));
       break;
     case QuantFormat::kMxfp4:
-      RETURN_IF_ERROR(RunTiledRows<TileMxfp4>(tile_rows, d, gu, dn, stream));
+      RETURN_IF_ERROR(RunTiledRows<TileMxfp4>(tile_rows, warps, d, gu, dn, stream));
       break;
     case QuantFormat::kFp8Block:
-      RETURN_IF_ERROR(RunTiledRows<TileFp8>(tile_rows, d, gu, dn, stream));
+      RETURN_IF_ERROR(RunTiledRows<TileFp8>(tile_rows, warps, d, gu, dn, stream));
       break;
   }
   return CombineAssignments(d, w.y, nullptr, weights, out, stream);

@@ -55,12 +55,14 @@ struct TiledCase {
   bool hot = false;
 };
 
-// GPU (with DSV4_MOE_TILED = `mode`) against the CPU reference for each token count of `c`;
-// returns the GPU outputs in order.
+// GPU (with DSV4_MOE_TILED = `mode`, DSV4_MOE_TILE_WARPS = `warps`) against the CPU reference
+// for each token count of `c`; returns the GPU outputs in order.
 std::vector<std::vector<float>> CompareTiled(const char* mode, WeightFormat format,
-                                             const TiledCase& c, uint32_t seed) {
+                                             const TiledCase& c, uint32_t seed,
+                                             const char* warps = "8") {
   std::vector<std::vector<float>> outs;
   const ScopedEnv tiled("DSV4_MOE_TILED", mode);
+  const ScopedEnv tile_warps("DSV4_MOE_TILE_WARPS", warps);
   BackendPair p(Precision::kBF16);
   EXPECT_TRUE(p.gpu != nullptr);
   if (p.gpu == nullptr) return outs;
@@ -68,7 +70,7 @@ std::vector<std::vector<float>> CompareTiled(const char* mode, WeightFormat form
   const MoeWeights wc{x.gate_up.c, x.down.c, Tensor{}, Tensor{}, Tensor{}};
   const MoeWeights wg{x.gate_up.g, x.down.g, Tensor{}, Tensor{}, Tensor{}};
   for (int32_t T : c.tokens) {
-    SCOPED_TRACE(::testing::Message() << "DSV4_MOE_TILED=" << mode << " "
+    SCOPED_TRACE(::testing::Message() << "DSV4_MOE_TILED=" << mode << " warps=" << warps << " "
                                       << WeightFormatName(format) << " T=" << T
                                       << (c.hot ? " hot" : ""));
     p.Begin({{0, T}}, kBlock);
@@ -88,21 +90,26 @@ std::vector<std::vector<float>> CompareTiled(const char* mode, WeightFormat form
   return outs;
 }
 
-// Small widths in all three formats, both token tiles forced: ragged counts (a partial last
-// token tile everywhere; at T = 1 and 7 most experts have no assignment, the rest one) and a hot
-// expert (every token) next to experts with none or one. The two tiles give the same bits.
+// Small widths in all three formats, both token tiles and both warp layouts forced: ragged
+// counts (a partial last token tile everywhere; at T = 1 and 7 most experts have no assignment,
+// the rest one) and a hot expert (every token) next to experts with none or one. All four give
+// the same bits.
 TEST(CudaMoeTiled, RaggedCountsMatchReference) {
   DSV4_REQUIRE_GPU();
   for (WeightFormat f : {WeightFormat::kDense, WeightFormat::kMxfp4, WeightFormat::kFp8Block}) {
     for (bool hot : {false, true}) {
       const TiledCase c{8, 256, 128, 2, {1, 7, 129, 1000}, hot};
-      const auto a = CompareTiled("64", f, c, 900);
-      const auto b = CompareTiled("128", f, c, 900);
-      ASSERT_EQ(a.size(), c.tokens.size());
-      ASSERT_EQ(b.size(), c.tokens.size());
-      for (size_t i = 0; i < a.size(); ++i) {
-        EXPECT_EQ(0, std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)))
-            << WeightFormatName(f) << " T=" << c.tokens[i] << (hot ? " hot" : "");
+      const std::vector<std::vector<float>> runs[4] = {
+          CompareTiled("64", f, c, 900), CompareTiled("128", f, c, 900),
+          CompareTiled("64", f, c, 900, "4"), CompareTiled("128", f, c, 900, "4")};
+      for (const auto& r : runs) ASSERT_EQ(r.size(), c.tokens.size());
+      for (int v = 1; v < 4; ++v) {
+        for (size_t i = 0; i < c.tokens.size(); ++i) {
+          EXPECT_EQ(0, std::memcmp(runs[0][i].data(), runs[v][i].data(),
+                                   runs[0][i].size() * sizeof(float)))
+              << WeightFormatName(f) << " T=" << c.tokens[i] << (hot ? " hot" : "")
+              << " variant " << v;
+        }
       }
     }
   }
@@ -114,7 +121,7 @@ TEST(CudaMoeTiled, FlashWidthsMatchReference) {
   DSV4_REQUIRE_GPU();
   for (WeightFormat f : {WeightFormat::kDense, WeightFormat::kMxfp4, WeightFormat::kFp8Block}) {
     CompareTiled("1", f, TiledCase{8, 4096, 2048, 6, {1000}, false}, 910);
-    CompareTiled("1", f, TiledCase{8, 4096, 2048, 6, {1000}, true}, 920);
+    CompareTiled("1", f, TiledCase{8, 4096, 2048, 6, {1000}, true}, 920, "4");
   }
 }
 

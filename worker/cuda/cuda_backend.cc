@@ -159,6 +159,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     static constexpr int kTiled[] = {0, 1, 64, 128};
     ASSIGN_OR_RETURN(const int i, EnvChoice("DSV4_MOE_TILED", {"0", "1", "64", "128"}, 1));
     b->moe_kernels_.tiled = kTiled[i];
+    // DSV4_MOE_TILE_WARPS: 8 (default) or 4 warps a tiled block (wider warp tiles).
+    ASSIGN_OR_RETURN(const int w, EnvChoice("DSV4_MOE_TILE_WARPS", {"8", "4"}, 0));
+    b->moe_kernels_.tile_warps = w == 0 ? 8 : 4;
   }
   // Batch-invariant mode: the grouped FMA GEMV, whose sums do not depend on the token count.
   b->moe_kernels_.tensor_cores = !options.batch_invariant;
