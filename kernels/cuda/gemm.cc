@@ -50,18 +50,19 @@ Gemm::~Gemm() {
   if (handle_ != nullptr) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
 }
 
-absl::StatusOr<Gemm::Plan*> Gemm::GetPlan(const GemmShape& s) {
+absl::StatusOr<Gemm::Plan*> Gemm::GetPlan(const GemmShape& s, bool fp8) {
   const int64_t ldx = s.ldx > 0 ? s.ldx : s.k, ldy = s.ldy > 0 ? s.ldy : s.n;
-  const Key key{s.m, s.n, s.k, static_cast<int>(s.dtype), s.batch, ldx, ldy,
+  const Key key{s.m, s.n, s.k, fp8 ? -1 : static_cast<int>(s.dtype), s.batch, ldx, ldy,
                 s.stride_x, s.stride_w, s.stride_y};
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second.get();
-  if (s.dtype != DType::kBF16 && s.dtype != DType::kF32) {
+  if (!fp8 && s.dtype != DType::kBF16 && s.dtype != DType::kF32) {
     return absl::InvalidArgumentError(absl::StrCat("gemm: operands must be bf16 or f32, got ",
                                                    AV(DTypeName(s.dtype))));
   }
   auto plan = std::make_unique<Plan>();
-  const cudaDataType_t in = s.dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cudaDataType_t in =
+      fp8 ? CUDA_R_8F_E4M3 : s.dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
   // Column-major view of the row-major product: yᵀ[N, M] = op_T(W as K x N) · xᵀ (K x M).
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
@@ -69,6 +70,15 @@ absl::StatusOr<Gemm::Plan*> Gemm::GetPlan(const GemmShape& s) {
                                                         &transa, sizeof(transa)));
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB,
                                                         &transb, sizeof(transb)));
+  if (fp8) {
+    // A (the weights) per 128 x 128 block, B (the activations) per 1 x 128 group.
+    const int32_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    const int32_t b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof(a_mode)));
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof(b_mode)));
+  }
   CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->a, in, s.k, s.n, s.k));
   CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->b, in, s.k, s.m, ldx));
   CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->c, CUDA_R_32F, s.n, s.m, ldy));
@@ -91,7 +101,8 @@ absl::StatusOr<Gemm::Plan*> Gemm::GetPlan(const GemmShape& s) {
   CUBLAS_RETURN_IF_ERROR(st);
   if (count == 0) {
     return absl::UnimplementedError(absl::StrCat("cuBLASLt has no algorithm for m=", s.m, " n=",
-                                                 s.n, " k=", s.k, " ", AV(DTypeName(s.dtype)),
+                                                 s.n, " k=", s.k, " ",
+                                                 fp8 ? "fp8 blocks" : AV(DTypeName(s.dtype)),
                                                  " batch=", s.batch));
   }
   plan->algo = result.algo;
@@ -113,6 +124,26 @@ absl::Status Gemm::Run(const GemmShape& s, const void* x, const void* w, float* 
   Plan* p = *plan;
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->desc, &alpha, w,
                                         p->a, x, p->b, &beta, y, p->c, y, p->c, &p->algo,
+                                        workspace_, workspace_bytes_, stream));
+  return absl::OkStatus();
+}
+
+absl::Status Gemm::RunFp8Blocks(const GemmShape& s, const uint8_t* x8, const float* x_scale,
+                                const uint8_t* w8, const float* w_scale, float* y,
+                                cudaStream_t stream) {
+  if (s.m == 0 || s.n == 0) return absl::OkStatus();
+  if (s.m < 0 || s.n < 0 || s.k <= 0 || s.k % 16 != 0 || s.batch != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("gemm: bad fp8 block shape m=", s.m, " n=", s.n,
+                                                   " k=", s.k, " batch=", s.batch));
+  }
+  ASSIGN_OR_RETURN(Plan * p, GetPlan(s, true));
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scale, sizeof(w_scale)));
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scale, sizeof(x_scale)));
+  const float alpha = 1.0f, beta = 0.0f;
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->desc, &alpha,
+                                        w8, p->a, x8, p->b, &beta, y, p->c, y, p->c, &p->algo,
                                         workspace_, workspace_bytes_, stream));
   return absl::OkStatus();
 }

@@ -40,12 +40,22 @@ class Gemm {
   // y[b][M, N] = x[b][M, K] · w[b][N, K]ᵀ for b < batch.
   absl::Status Run(const GemmShape& s, const void* x, const void* w, float* y, cudaStream_t stream);
 
+  // The same product on FP8 tensor cores with DeepSeek's scales (batch 1; s.dtype unused): x8
+  // e4m3 [M, K] (row stride s.ldx) with fp32 scales [K / 128, M] per 1 x 128 group (M
+  // contiguous: QuantizeFp8Groups), w8 e4m3 [N, K] with fp32 scales [N / 128, K / 128] per
+  // 128 x 128 block (row-major, partial blocks rounded up), y fp32. cuBLASLt's
+  // CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F / BLK128x128_32F modes (cuBLAS >= 12.9, sm_90).
+  // K % 16 == 0. Unimplemented when cuBLASLt offers no algorithm (nothing is written then).
+  absl::Status RunFp8Blocks(const GemmShape& s, const uint8_t* x8, const float* x_scale,
+                            const uint8_t* w8, const float* w_scale, float* y,
+                            cudaStream_t stream);
+
  private:
   struct Plan;
   using Key = std::tuple<int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t, int64_t,
                          int64_t, int64_t>;
   Gemm() = default;
-  absl::StatusOr<Plan*> GetPlan(const GemmShape& s);
+  absl::StatusOr<Plan*> GetPlan(const GemmShape& s, bool fp8 = false);
 
   void* handle_ = nullptr;      // cublasLtHandle_t
   void* workspace_ = nullptr;   // device

@@ -160,6 +160,16 @@ TEST(CudaModel, QuantizedFixtureInBf16WithinTolerance) {
   ExpectBf16Close(testing::TestData("dsv4-tiny-fp8"), Keep(false));
 }
 
+// The same with DSV4_FP8_PREFILL=all: every FP8 product of 9 rows or more whose shapes fit (K and
+// the rows multiples of 128: wq_a, wkv, the shared expert here) on FP8 tensor cores with e4m3
+// activations per 1 x 128 group. The activation-quantised path's error against the fp32 engine,
+// printed, under the bf16 criteria.
+TEST(CudaModel, QuantizedFixtureWithFp8ActivationsWithinTolerance) {
+  DSV4_REQUIRE_GPU();
+  const testing::ScopedEnv fp8("DSV4_FP8_PREFILL", "all");
+  ExpectBf16Close(testing::TestData("dsv4-tiny-fp8"), Keep(true));
+}
+
 // A 3-layer model at the real Flash widths (fewer experts, small vocabulary so that the CPU
 // reference stays fast): GPU fp32 engine vs CPU engine over prefill chunks and decode, across the
 // indexer's top-k boundary.

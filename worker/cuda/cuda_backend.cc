@@ -22,6 +22,7 @@
 #include "kernels/cuda/compressor.h"
 #include "kernels/cuda/state_snapshot.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/fp8_activations.h"
 #include "kernels/cuda/fp8_linear.h"
 #include "kernels/cuda/moe_quant.h"
 #include "kernels/quant_synthetic.h"
@@ -162,6 +163,14 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     // DSV4_MOE_TILE_WARPS: 8 (default) or 4 warps a tiled block (wider warp tiles).
     ASSIGN_OR_RETURN(const int w, EnvChoice("DSV4_MOE_TILE_WARPS", {"8", "4"}, 0));
     b->moe_kernels_.tile_warps = w == 0 ? 8 : 4;
+  }
+  // DSV4_FP8_PREFILL (an experiment's A/B switch, off by default: it changes the numbers):
+  // 1 puts the FP8 products of steps of >= 128 rows on FP8 tensor cores with e4m3 activations
+  // (1 x 128 power-of-two scales), `all` every FP8 product past the GEMV's 8 rows.
+  {
+    ASSIGN_OR_RETURN(const int i, EnvChoice("DSV4_FP8_PREFILL", {"0", "1", "all"}, 0));
+    b->fp8_prefill_rows_ = i == 0 ? 0 : i == 1 ? 128 : cuda::kFp8GemvMaxRows + 1;
+    if (options.batch_invariant || options.matrix_dtype != DType::kBF16) b->fp8_prefill_rows_ = 0;
   }
   // Batch-invariant mode: the grouped FMA GEMV, whose sums do not depend on the token count.
   b->moe_kernels_.tensor_cores = !options.batch_invariant;
@@ -938,6 +947,13 @@ absl::Status CudaBackend::QuantLinear(const Tensor& x, const Tensor& w, int64_t 
                            cur_stream());
     });
   }
+  if (Fp8BlocksFit(x, m, groups, group_rows)) {
+    const absl::Status st = Fp8BlockLinear(LinearBenchOp(w), x, m, groups, group_rows, y);
+    if (st.code() != absl::StatusCode::kUnimplemented) return st;
+    // cuBLASLt has no FP8 block-scaled algorithm for this shape (nothing was written): the bf16
+    // path, now and for the rest of the run.
+    fp8_blocks_refused_.insert({x.dim(0), group_rows, m.cols});
+  }
   const DType wd = bf16 ? DType::kBF16 : DType::kF32;
   ASSIGN_OR_RETURN(Tensor dense, DequantBuffer(w, wd));
   RETURN_IF_ERROR(cuda::Fp8Dequantize(m, bf16, dense.data, cur_stream()));
@@ -957,6 +973,49 @@ absl::Status CudaBackend::QuantLinear(const Tensor& x, const Tensor& w, int64_t 
   }
   return Launch(LinearBenchOp(w),
                 [&] { return RunGemm(s, xin, dense.data, y.ptr<float>()); });
+}
+
+bool CudaBackend::Fp8BlocksFit(const Tensor& x, const Fp8Matrix& m, int64_t groups,
+                               int64_t group_rows) const {
+  // The weights' scale grid must be cuBLASLt's [ceil(N / 128), ceil(K / 128)] per group: 128 x
+  // 128 blocks, stacked parts and groups on whole blocks.
+  const bool grid = m.block_rows == 128 && m.block_cols == 128 &&
+                    (m.PartRows() == m.rows || m.PartRows() % 128 == 0) &&
+                    (groups == 1 || group_rows % 128 == 0);
+  return fp8_prefill_rows_ > 0 && x.dim(0) >= fp8_prefill_rows_ && grid && m.cols % 16 == 0 &&
+         group_rows % 16 == 0 && x.dim(1) == groups * m.cols && Aligned16(x.data) &&
+         Aligned16(m.w) && !fp8_blocks_refused_.contains({x.dim(0), group_rows, m.cols});
+}
+
+// x [M, groups * K] to e4m3 with its 1 x 128 scales ([groups * K / 128, M]: group g's scales
+// are rows g * K / 128 ..), then per group y[:, g * N ..] = x8[:, g * K ..] · W[g * N .., :]ᵀ.
+absl::Status CudaBackend::Fp8BlockLinear(int bench_op, const Tensor& x, const Fp8Matrix& m,
+                                         int64_t groups, int64_t group_rows, Tensor y) {
+  const int64_t rows = x.dim(0), k = m.cols, ld = x.dim(1);
+  ASSIGN_OR_RETURN(Tensor x8, OpScratch(DType::kU8, Shape{rows, ld}));
+  ASSIGN_OR_RETURN(Tensor xs, OpScratch(DType::kF32, Shape{groups * ((k + 127) / 128), rows}));
+  return Launch(bench_op, [&]() -> absl::Status {
+    // Group by group, so that each group's 1 x 128 scales start at its first column.
+    const int64_t kb = (k + 127) / 128;
+    for (int64_t g = 0; g < groups; ++g) {
+      RETURN_IF_ERROR(cuda::QuantizeFp8Groups(
+          x.ptr<float>() + g * k, rows, k, ld, static_cast<uint8_t*>(x8.data) + g * rows * k,
+          xs.ptr<float>() + g * kb * rows, cur_stream()));
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      cuda::GemmShape s;
+      s.m = rows;
+      s.n = group_rows;
+      s.k = k;
+      s.ldx = k;
+      s.ldy = y.dim(1);
+      RETURN_IF_ERROR(gemm().RunFp8Blocks(
+          s, static_cast<const uint8_t*>(x8.data) + g * rows * k, xs.ptr<float>() + g * kb * rows,
+          m.w + g * group_rows * k, m.scale + m.ScaleIndex(g * group_rows, 0),
+          y.ptr<float>() + g * group_rows, cur_stream()));
+    }
+    return absl::OkStatus();
+  });
 }
 
 absl::Status CudaBackend::RunGemm(const cuda::GemmShape& s, const void* x, const void* w,

@@ -25,7 +25,9 @@
 #pragma once
 
 #include <array>
+#include <tuple>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "kernels/cuda/elementwise.h"
@@ -204,6 +206,11 @@ class CudaBackend final : public Backend {
   static Fp8Matrix Fp8(const Tensor& w);
   static Mxfp4Matrix Mxfp4(const Tensor& w);
   absl::Status QuantLinear(const Tensor& x, const Tensor& w, int64_t groups, Tensor y);
+  // QuantLinear on FP8 tensor cores (DSV4_FP8_PREFILL): x to e4m3 per 1 x 128 group, then
+  // cuBLASLt's block-scaled FP8 GEMM per group; whether these shapes take it.
+  bool Fp8BlocksFit(const Tensor& x, const Fp8Matrix& m, int64_t groups, int64_t group_rows) const;
+  absl::Status Fp8BlockLinear(int bench_op, const Tensor& x, const Fp8Matrix& m, int64_t groups,
+                              int64_t group_rows, Tensor y);
   // The dequantised copy of an FP8 matrix for a product of more rows than the weight-streaming
   // kernel takes: one buffer per stream (main, side lanes), sized at load for the largest FP8
   // matrix, so that the copies of a step's many projections do not accumulate in the op arena
@@ -308,6 +315,10 @@ class CudaBackend final : public Backend {
   // single-token GEMV / fused MoE kernels (kernels/cuda/gemv.h, moe_decode.h)
   bool row_gemv_ = true;
   bool hc_cluster_ = true;  // decode boundaries as one cluster launch (cuda::HcClusterNorm)
+  // DSV4_FP8_PREFILL: FP8 products of at least this many rows on FP8 tensor cores (0: off).
+  int64_t fp8_prefill_rows_ = 0;
+  // (rows, N, K) of FP8 products cuBLASLt has no block-scaled algorithm for: the bf16 path.
+  std::set<std::tuple<int64_t, int64_t, int64_t>> fp8_blocks_refused_;
   cuda::MoeKernels moe_kernels_;  // the grouped expert kernels allowed (DSV4_MOE_WIDE, _TILED)
   bool defer_gates_ = true;  // the boundaries' Sinkhorn on the gates stream (DeferredGates)
   // Benchmarks only, DSV4_BENCH_REPEAT_OPS=Op,Op,...: the named ops launch their kernels twice
