@@ -993,14 +993,15 @@ absl::Status CudaBackend::Fp8BlockLinear(int bench_op, const Tensor& x, const Fp
                                          int64_t groups, int64_t group_rows, Tensor y) {
   const int64_t rows = x.dim(0), k = m.cols, ld = x.dim(1);
   ASSIGN_OR_RETURN(Tensor x8, OpScratch(DType::kU8, Shape{rows, ld}));
-  ASSIGN_OR_RETURN(Tensor xs, OpScratch(DType::kF32, Shape{groups * ((k + 127) / 128), rows}));
+  // Each group's scales [ceil(K / 128), M] start on a 256-byte boundary (cuBLASLt's alignment).
+  const int64_t kb = (k + 127) / 128, xs_stride = (kb * rows + 63) / 64 * 64;
+  ASSIGN_OR_RETURN(Tensor xs, OpScratch(DType::kF32, Shape{groups * xs_stride}));
   return Launch(bench_op, [&]() -> absl::Status {
     // Group by group, so that each group's 1 x 128 scales start at its first column.
-    const int64_t kb = (k + 127) / 128;
     for (int64_t g = 0; g < groups; ++g) {
       RETURN_IF_ERROR(cuda::QuantizeFp8Groups(
           x.ptr<float>() + g * k, rows, k, ld, static_cast<uint8_t*>(x8.data) + g * rows * k,
-          xs.ptr<float>() + g * kb * rows, cur_stream()));
+          xs.ptr<float>() + g * xs_stride, cur_stream()));
     }
     for (int64_t g = 0; g < groups; ++g) {
       cuda::GemmShape s;
@@ -1010,7 +1011,7 @@ absl::Status CudaBackend::Fp8BlockLinear(int bench_op, const Tensor& x, const Fp
       s.ldx = k;
       s.ldy = y.dim(1);
       RETURN_IF_ERROR(gemm().RunFp8Blocks(
-          s, static_cast<const uint8_t*>(x8.data) + g * rows * k, xs.ptr<float>() + g * kb * rows,
+          s, static_cast<const uint8_t*>(x8.data) + g * rows * k, xs.ptr<float>() + g * xs_stride,
           m.w + g * group_rows * k, m.scale + m.ScaleIndex(g * group_rows, 0),
           y.ptr<float>() + g * group_rows, cur_stream()));
     }

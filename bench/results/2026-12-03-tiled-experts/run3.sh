@@ -25,3 +25,7 @@ echo "== profile 8192 DSV4_FP8_PREFILL=1"
 DSV4_PROFILE_OPS=1 DSV4_FP8_PREFILL=1 bench --prompt-len 8192 --repeats 1 > "$OUT/profile.log"
 grep -A24 "^op profile" "$OUT/profile.log" | head -26
 echo "done at ${SECONDS}s"
+echo "== profile 8192 bf16 weights (the tiled experts on bf16 weights)"
+DSV4_PROFILE_OPS=1 timeout 100 $R node/dsv4-node bench --device cuda --log-level warning --synthetic-config $S3 --weight-format bf16 --batches 1 --contexts 0 --decode-steps 2 --prompt-len 8192 --repeats 1 > "$OUT/profile_bf16.log" 2>&1
+grep -A8 "^op profile" "$OUT/profile_bf16.log" | head -10
+echo "done at ${SECONDS}s"
