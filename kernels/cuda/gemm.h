@@ -55,7 +55,10 @@ class Gemm {
   using Key = std::tuple<int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t, int64_t,
                          int64_t, int64_t>;
   Gemm() = default;
-  absl::StatusOr<Plan*> GetPlan(const GemmShape& s, bool fp8 = false);
+  // fp8: the block-scaled FP8 plan, with the scale pointers of its first call (cuBLASLt's
+  // heuristic refuses block scale modes without them).
+  absl::StatusOr<Plan*> GetPlan(const GemmShape& s, bool fp8 = false,
+                                const float* w_scale = nullptr, const float* x_scale = nullptr);
 
   void* handle_ = nullptr;      // cublasLtHandle_t
   void* workspace_ = nullptr;   // device
