@@ -98,17 +98,30 @@ double LtGemm(cublasLtHandle_t lt, bool fp8, cudaDataType_t dtype, int64_t m, in
   double ms = -1;
   if (!Ok(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc")) return -1;
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
-  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
+  bool set = Ok(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
+                "transa") &&
+             Ok(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
+                "transb");
   if (fp8) {
     const int32_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
     const int32_t b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof(a_mode));
-    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof(b_mode));
-    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scale,
-                                   sizeof(w_scale));
-    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scale,
-                                   sizeof(x_scale));
+    set = set &&
+          Ok(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode,
+                                            sizeof(a_mode)),
+             "a scale mode") &&
+          Ok(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode,
+                                            sizeof(b_mode)),
+             "b scale mode") &&
+          Ok(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scale,
+                                            sizeof(w_scale)),
+             "a scale pointer") &&
+          Ok(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scale,
+                                            sizeof(x_scale)),
+             "b scale pointer");
+  }
+  if (!set) {
+    cublasLtMatmulDescDestroy(desc);
+    return -1;
   }
   cublasLtMatrixLayoutCreate(&la, in, k, n, k);
   cublasLtMatrixLayoutCreate(&lb, in, k, m, k);

@@ -21,7 +21,7 @@ __device__ __forceinline__ float Pow2Scale(float a) {
   const float f = frexpf(a / 448.0f, &e);  // a / 448 = f x 2^e, f in [0.5, 1)
   // f x 2^e <= 2^e; when f == 0.5 the value is exactly 2^(e-1).
   const int p = f == 0.5f ? e - 1 : e;
-  return ldexpf(1.0f, p);
+  return ldexpf(1.0f, max(p, -126));  // a normal scale: 1 / s stays finite for tiny groups
 }
 
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)

@@ -103,8 +103,9 @@ absl::StatusOr<Gemm::Plan*> Gemm::GetPlan(const GemmShape& s, bool fp8, const fl
                                         &count);
   }
   cublasLtMatmulPreferenceDestroy(pref);
-  if (fp8 && st != CUBLAS_STATUS_SUCCESS) {
-    // An FP8 block-scaled shape cuBLASLt does not take: the caller falls back.
+  if (fp8 && st == CUBLAS_STATUS_NOT_SUPPORTED) {
+    // An FP8 block-scaled shape cuBLASLt does not take: the caller falls back. Any other status
+    // (a bad parameter, as the first H200 run had) is an error.
     return absl::UnimplementedError(absl::StrCat("cuBLASLt refuses fp8 blocks for m=", s.m, " n=",
                                                  s.n, " k=", s.k, ": status ",
                                                  static_cast<int>(st)));

@@ -45,7 +45,8 @@ class Gemm {
   // contiguous: QuantizeFp8Groups), w8 e4m3 [N, K] with fp32 scales [N / 128, K / 128] per
   // 128 x 128 block (row-major, partial blocks rounded up), y fp32. cuBLASLt's
   // CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F / BLK128x128_32F modes (cuBLAS >= 12.9, sm_90).
-  // K % 16 == 0. Unimplemented when cuBLASLt offers no algorithm (nothing is written then).
+  // K % 16 == 0. Unimplemented when cuBLASLt does not support the shape or offers no algorithm
+  // (nothing is written then); other cuBLAS statuses are errors.
   absl::Status RunFp8Blocks(const GemmShape& s, const uint8_t* x8, const float* x_scale,
                             const uint8_t* w8, const float* w_scale, float* y,
                             cudaStream_t stream);

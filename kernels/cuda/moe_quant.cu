@@ -91,8 +91,7 @@ absl::Status RunExpertFma(const ExpertsDims& d, const float* u, const float* wei
   return CombineAssignments(d, w.y, w.position, weights, out, stream);
 }
 
-// One format: the sort, then the tensor-core kernels (bf16 mode, where they fit) or the FMA
-// kernels (R exact: fp32 mode; Rb with bf16 rounding otherwise).
+// The tiled kernels' view of a quantised expert stack.
 TiledExpertWeights TiledOf(const Mxfp4Matrix& m) {
   TiledExpertWeights t;
   t.format = QuantFormat::kMxfp4;

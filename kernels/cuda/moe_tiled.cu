@@ -9,9 +9,10 @@
 // cp.async, gathered by token for gate_up; bf16 weights arrive by cp.async too, MXFP4 and FP8
 // weights are loaded into registers one slice ahead and expanded to bf16 as they are stored
 // (MXFP4 exactly; FP8 e4m3 x scale rounded once, as everywhere). 8 warps (2 along the
-// assignments x 4 along the weight rows) run mma.sync m16n8k16 from ldmatrix fragments (rows of
-// 144 bytes: conflict-free), each warp a (BM / 2) x 32 tile, every output summed over k in order
-// with no split: its value depends on its own row and column only.
+// assignments x 4 along the weight rows; DSV4_MOE_TILE_WARPS=4: 2 x 2) run mma.sync m16n8k16 from
+// ldmatrix fragments (rows of 144 bytes: conflict-free), each warp a (BM / 2) x 32 tile (x 64
+// with 4 warps), every output summed over k in order with no split: its value depends on its own
+// row and column only.
 //
 // gate_up: a block's 128 weight rows are 64 gate rows and the 64 up rows of the same columns,
 // and each warp's n8 tiles pair them (tiles 0, 1 gate; 2, 3 up), so the clamped SwiGLU runs on

@@ -894,8 +894,6 @@ TEST(CudaOps, RouterScoreAndHash) {
   }
 }
 
-// Routing of `tokens` tokens to `top_k` distinct experts each out of `experts`, drawn by `seed`
-// (a shuffle per token) -> idx [tokens, top_k].
 struct MoeCase {
   int64_t experts, dim, inter, top_k;
   std::vector<int32_t> tokens;

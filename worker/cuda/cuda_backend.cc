@@ -952,7 +952,9 @@ absl::Status CudaBackend::QuantLinear(const Tensor& x, const Tensor& w, int64_t 
     if (st.code() != absl::StatusCode::kUnimplemented) return st;
     // cuBLASLt has no FP8 block-scaled algorithm for this shape (nothing was written): the bf16
     // path, now and for the rest of the run.
-    fp8_blocks_refused_.insert({x.dim(0), group_rows, m.cols});
+    fp8_blocks_refused_.insert({groups, group_rows, m.cols});
+    std::fprintf(stderr, "cuda backend: DSV4_FP8_PREFILL: %s; this product stays on bf16\n",
+                 std::string(st.message()).c_str());
   }
   const DType wd = bf16 ? DType::kBF16 : DType::kF32;
   ASSIGN_OR_RETURN(Tensor dense, DequantBuffer(w, wd));
@@ -982,13 +984,17 @@ bool CudaBackend::Fp8BlocksFit(const Tensor& x, const Fp8Matrix& m, int64_t grou
   const bool grid = m.block_rows == 128 && m.block_cols == 128 &&
                     (m.PartRows() == m.rows || m.PartRows() % 128 == 0) &&
                     (groups == 1 || group_rows % 128 == 0);
-  return fp8_prefill_rows_ > 0 && x.dim(0) >= fp8_prefill_rows_ && grid && m.cols % 16 == 0 &&
-         group_rows % 16 == 0 && x.dim(1) == groups * m.cols && Aligned16(x.data) &&
-         Aligned16(m.w) && !fp8_blocks_refused_.contains({x.dim(0), group_rows, m.cols});
+  // Every group's weight scales 16-byte aligned (the first group's choose the algorithm).
+  const bool scales_aligned =
+      Aligned16(m.scale) && (groups == 1 || m.ScaleIndex(group_rows, 0) % 4 == 0);
+  return fp8_prefill_rows_ > 0 && x.dim(0) >= fp8_prefill_rows_ && grid && scales_aligned &&
+         m.cols % 16 == 0 && group_rows % 16 == 0 && x.dim(1) == groups * m.cols &&
+         Aligned16(x.data) && Aligned16(m.w) &&
+         !fp8_blocks_refused_.contains({groups, group_rows, m.cols});
 }
 
-// x [M, groups * K] to e4m3 with its 1 x 128 scales ([groups * K / 128, M]: group g's scales
-// are rows g * K / 128 ..), then per group y[:, g * N ..] = x8[:, g * K ..] · W[g * N .., :]ᵀ.
+// x [M, groups * K] to e4m3 group by group (x8 [groups][M, K]) with each group's 1 x 128 scales
+// [ceil(K / 128), M] at g * xs_stride, then per group y[:, g * N ..] = x8[g] · W[g * N .., :]ᵀ.
 absl::Status CudaBackend::Fp8BlockLinear(int bench_op, const Tensor& x, const Fp8Matrix& m,
                                          int64_t groups, int64_t group_rows, Tensor y) {
   const int64_t rows = x.dim(0), k = m.cols, ld = x.dim(1);

@@ -317,7 +317,7 @@ class CudaBackend final : public Backend {
   bool hc_cluster_ = true;  // decode boundaries as one cluster launch (cuda::HcClusterNorm)
   // DSV4_FP8_PREFILL: FP8 products of at least this many rows on FP8 tensor cores (0: off).
   int64_t fp8_prefill_rows_ = 0;
-  // (rows, N, K) of FP8 products cuBLASLt has no block-scaled algorithm for: the bf16 path.
+  // (groups, N, K) of FP8 products cuBLASLt has no block-scaled algorithm for: the bf16 path.
   std::set<std::tuple<int64_t, int64_t, int64_t>> fp8_blocks_refused_;
   cuda::MoeKernels moe_kernels_;  // the grouped expert kernels allowed (DSV4_MOE_WIDE, _TILED)
   bool defer_gates_ = true;  // the boundaries' Sinkhorn on the gates stream (DeferredGates)
