@@ -22,7 +22,7 @@ TEST(StepCost, OneTokenGemmsAreTheCheckpointsMatricesAsATokenUsesThem) {
   const ModelConfig c = Tiny();
   auto ckpt = Checkpoint::Open(testing::TestData("dsv4-tiny/model.safetensors"));
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
-  double macs = 0;
+  double macs = 0, routed = 0;
   int matrices = 0;
   const double expert_share = static_cast<double>(c.num_experts_per_tok) / c.n_routed_experts;
   for (const TensorInfo& t : (*ckpt)->tensors()) {
@@ -31,12 +31,17 @@ TEST(StepCost, OneTokenGemmsAreTheCheckpointsMatricesAsATokenUsesThem) {
     if (t.name.find("compressor.ape") != std::string::npos) continue;  // a bias added per slot
     ++matrices;
     const double n = static_cast<double>(t.numel());
-    macs += t.name.find(".experts.") != std::string::npos ? n * expert_share : n;
+    const bool expert = t.name.find(".experts.") != std::string::npos;
+    macs += expert ? n * expert_share : n;
+    if (expert) routed += n * expert_share;
   }
   ASSERT_GT(matrices, 50);
   const PrefillCost cost = PrefillStepCost(c, 1, 1, WeightBytes{});
   EXPECT_DOUBLE_EQ(cost.gemm_flops, 2.0 * macs)
       << "a projection is missing from (or extra in) the cost model";
+  ASSERT_GT(routed, 0);
+  EXPECT_DOUBLE_EQ(cost.routed_expert_flops, 2.0 * routed) << "the routed experts' share";
+  EXPECT_DOUBLE_EQ(PrefillStepCost(c, 2, 3, WeightBytes{}).routed_expert_flops, 6 * 2.0 * routed);
   // Per-layer figures add up to the same (less the head).
   double layers = 0;
   for (int64_t l = 0; l < c.num_layers; ++l) layers += LayerGemmMacsPerToken(c, l);

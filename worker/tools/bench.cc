@@ -280,9 +280,9 @@ class Bench final : public Command {
     const double peak = peak_tflops_ > 0 ? peak_tflops_
                         : gpu             ? (flags_.precision == "bf16" ? 790.0 : 67.0)
                                           : 0.0;
-    std::printf("       prefill: gemm %.2f GFLOP, attention %.2f GFLOP, indexer %.2f GFLOP, "
-                "%.3f GB", c.gemm_flops * 1e-9, c.attention_flops * 1e-9, c.indexer_flops * 1e-9,
-                c.bytes * 1e-9);
+    std::printf("       prefill: gemm %.2f GFLOP (routed experts %.2f), attention %.2f GFLOP, "
+                "indexer %.2f GFLOP, %.3f GB", c.gemm_flops * 1e-9, c.routed_expert_flops * 1e-9,
+                c.attention_flops * 1e-9, c.indexer_flops * 1e-9, c.bytes * 1e-9);
     const double bytes_ms = c.bytes / (hbm_tbps_ * 1e12) * 1e3;
     if (peak <= 0) {
       std::printf("; at %.1f TB/s %.3f ms; measured %.3f ms (%.1f TFLOP/s)\n", hbm_tbps_, bytes_ms,

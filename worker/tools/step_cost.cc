@@ -86,8 +86,10 @@ PrefillCost PrefillStepCost(const ModelConfig& c, int64_t batch, int64_t tokens,
   double attn_macs = 0, index_macs = 0;
   const double distinct = DistinctExperts(c, B * T);
   cost.bytes = c.vocab_size * D * w.dense + B * T * D * w.dense;
+  double routed_macs = 0;
   for (int64_t l = 0; l < c.num_layers; ++l) {
     macs += B * T * LayerGemmMacsPerToken(c, l);
+    routed_macs += B * T * c.num_experts_per_tok * ExpertElements(c);
     const int64_t ratio = c.Ratio(l);
     const bool csa = c.layer_types[l] == AttnType::kCsa;
     // Keys each query sees: its window and, in compressed layers, the entries it may attend to.
@@ -114,6 +116,7 @@ PrefillCost PrefillStepCost(const ModelConfig& c, int64_t batch, int64_t tokens,
                   c.n_routed_experts * D * 4.0 + B * state;
   }
   cost.gemm_flops = 2.0 * macs;
+  cost.routed_expert_flops = 2.0 * routed_macs;
   cost.attention_flops = 2.0 * attn_macs;
   cost.indexer_flops = 2.0 * index_macs;
   return cost;

@@ -31,6 +31,7 @@ double DecodeStepBytes(const ModelConfig& c, int64_t batch, int64_t ctx, const W
 
 struct PrefillCost {
   double gemm_flops = 0;
+  double routed_expert_flops = 0;  // the part of gemm_flops in the K chosen routed experts
   double attention_flops = 0;
   double indexer_flops = 0;
   double bytes = 0;  // weights read (every expert some token picks) and the state written
