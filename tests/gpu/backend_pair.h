@@ -263,4 +263,12 @@ class BackendPair {
   int32_t blocks = 0;
 };
 
+// A pair whose CUDA backend is created with the environment variable `name` set to `value` (an
+// A/B switch, read at creation); the caller's value is back when this returns.
+inline std::unique_ptr<BackendPair> PairWithEnv(const char* name, const char* value,
+                                                Precision precision) {
+  const ScopedEnv env(name, value);
+  return std::make_unique<BackendPair>(precision);
+}
+
 }  // namespace dsv4::testing

@@ -192,17 +192,9 @@ TEST(CudaMoeQuant, FlashFp8MatchesReference) {
 TEST(CudaMoeQuant, WideKernelGivesTheSameBits) {
   DSV4_REQUIRE_GPU();
   const ScopedEnv no_tiles("DSV4_MOE_TILED", "0");  // 300 and 700 tokens would be tiled
-  const char* before = std::getenv("DSV4_MOE_WIDE");
-  const std::string saved = before != nullptr ? before : "";
-  ASSERT_EQ(setenv("DSV4_MOE_WIDE", "1", 1), 0);
-  BackendPair wide(Precision::kBF16);
-  ASSERT_EQ(setenv("DSV4_MOE_WIDE", "0", 1), 0);
-  BackendPair narrow(Precision::kBF16);
-  if (before != nullptr) {
-    setenv("DSV4_MOE_WIDE", saved.c_str(), 1);
-  } else {
-    unsetenv("DSV4_MOE_WIDE");
-  }
+  const auto wide_pair = testing::PairWithEnv("DSV4_MOE_WIDE", "1", Precision::kBF16);
+  const auto narrow_pair = testing::PairWithEnv("DSV4_MOE_WIDE", "0", Precision::kBF16);
+  BackendPair &wide = *wide_pair, &narrow = *narrow_pair;
   ASSERT_TRUE(wide.gpu != nullptr && narrow.gpu != nullptr);
   constexpr int64_t E = 32, D = 4096, I = 2048, K = 6;
   for (WeightFormat f : {WeightFormat::kMxfp4, WeightFormat::kFp8Block}) {
