@@ -49,7 +49,9 @@ struct MoeKernels {
   // DSV4_MOE_TILED: the tiled grouped GEMMs of prefill-sized steps (moe_tiled.h): 0 off, 1 by
   // shape (MoeTiledRows), 64 / 128 token rows per tile forced wherever the shapes fit.
   int tiled = 1;
-  // DSV4_MOE_TILE_WARPS: warps of a tiled block, 8 (warp tiles of rows / 2 x 32) or 4 (x 64).
+  // DSV4_MOE_WGMMA: the tiled GEMMs on Hopper warpgroup MMAs (moe_tiled_wgmma.cu); 0: mma.sync
+  // with DSV4_MOE_TILE_WARPS warps a tiled block, 8 (warp tiles of rows / 2 x 32) or 4 (x 64).
+  bool tile_wgmma = true;
   int tile_warps = 8;
   // false: bf16 weights take the grouped FMA GEMV of fp32 weights too (the batch-invariant
   // mode's: a token's sums never depend on how many tokens share its expert, which the

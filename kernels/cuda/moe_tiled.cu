@@ -31,51 +31,26 @@
 
 #include <algorithm>
 #include <limits>
-#include <cub/block/block_scan.cuh>
 
 #include "common/status.h"
 #include "kernels/common/cuda_check.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/moe_mma.cuh"
+#include "kernels/cuda/moe_tile_parts.cuh"
 
 namespace dsv4::cuda {
 namespace {
 
-using bf16 = __nv_bfloat16;
-
-constexpr int kTileN = 128;         // weight rows per block (gate_up: 64 gate + their 64 up)
-constexpr int kTileK = 64;          // k per stage
 constexpr int kStages = 3;
 // Blocks of 2 x kWarpsN warps: 2 along the assignments, kWarpsN (4 or 2) along the 128 weight
 // rows; kThreads = 64 kWarpsN.
-constexpr int kPitch = kTileK + 8;  // bf16 per shared row (144 bytes: ldmatrix conflict-free)
-constexpr int kScanThreads = 1024, kScanItems = 4;
-constexpr int64_t kMaxExperts = int64_t{kScanThreads} * kScanItems - 1;
+constexpr int kPitch = PitchLayout::kPitch;  // bf16 per shared row (144 bytes)
 
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16 bytes global -> shared, zero-filled when !valid (the source is then not read).
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(smem)),
-               "l"(gmem), "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 __device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const bf16* smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(SmemAddr(smem)));
-}
-__device__ __forceinline__ void StoreShared16(bf16* smem, const uint4& v) {
-  *reinterpret_cast<uint4*>(smem) = v;
 }
 
 // Where a block's tile row r (0 .. 127) is in its expert's weight: gate_up (kSwiGlu) rows
@@ -90,160 +65,14 @@ __device__ __forceinline__ int64_t WeightRow(int r, int32_t n_tile, int64_t n_ou
   }
 }
 
-// ---- Weight formats: a thread's share of a 128 x 64 weight slice ----
-// Init(w, row0_of_expert, tile-row map, k_in): the thread's rows; Load(k0, stage): cp.async into
-// the stage (bf16) or into registers (quantised); Store(k0, stage): the registers expanded into
-// the stage (quantised; nothing for bf16).
-
 template <int kThreads>
-struct TileBf16 {
-  static constexpr int kChunks = kTileN * kTileK / 8 / kThreads;  // 4 or 8 x 16 bytes
-  const bf16* p[kChunks];
-  int dst[kChunks];  // offset in the stage
-  template <class RowOf>
-  __device__ __forceinline__ void Init(const TiledExpertWeights& w, int64_t row0, RowOf row_of,
-                                       int64_t k_in) {
-#pragma unroll
-    for (int i = 0; i < kChunks; ++i) {
-      const int c = threadIdx.x + i * kThreads, r = c >> 3, col = (c & 7) * 8;
-      p[i] = static_cast<const bf16*>(w.bf16) + (row0 + row_of(r)) * k_in + col;
-      dst[i] = r * kPitch + col;
-    }
-  }
-  __device__ __forceinline__ void Load(int64_t k0, bf16* stage) {
-#pragma unroll
-    for (int i = 0; i < kChunks; ++i) CpAsync16(stage + dst[i], p[i] + k0, true);
-  }
-  __device__ __forceinline__ void Store(int64_t, bf16*) const {}
-};
-
-// MXFP4: a thread takes one row's 32 codes of one scale group (16 bytes and the UE8M0 byte),
-// once or twice.
+using PitchBf16 = TileBf16<kThreads, PitchLayout>;
 template <int kThreads>
-struct TileMxfp4 {
-  static constexpr int kChunks = kTileN * kTileK / 32 / kThreads;  // 1 or 2
-  const uint8_t* codes[kChunks];
-  const uint8_t* scale[kChunks];
-  int dst[kChunks];
-  uint4 raw[kChunks];
-  uint32_t s[kChunks];
-  template <class RowOf>
-  __device__ __forceinline__ void Init(const TiledExpertWeights& w, int64_t row0, RowOf row_of,
-                                       int64_t k_in) {
-#pragma unroll
-    for (int i = 0; i < kChunks; ++i) {
-      const int c = threadIdx.x + i * kThreads, r = c >> 1, half = c & 1;
-      const int64_t g = row0 + row_of(r);
-      codes[i] = w.fp4.w + g * (k_in / 2) + half * 16;
-      scale[i] = w.fp4.scale + g * (k_in / 32) + half;
-      dst[i] = r * kPitch + half * 32;
-    }
-  }
-  __device__ __forceinline__ void Load(int64_t k0, bf16*) {
-#pragma unroll
-    for (int i = 0; i < kChunks; ++i) {
-      raw[i] = LoadWeights16(reinterpret_cast<const uint4*>(codes[i] + k0 / 2));
-      s[i] = __ldg(scale[i] + k0 / 32);
-    }
-  }
-  // Codes 2j and 2j + 1 of a word to nibbles j and j + 4 (Mxfp4Bf16x8 then pairs them).
-  __device__ __forceinline__ static uint32_t Unshuffle(uint32_t w) {
-    uint32_t e = w & 0x0F0F0F0Fu, o = (w >> 4) & 0x0F0F0F0Fu;
-    e = (e | (e >> 4)) & 0x00FF00FFu;
-    o = (o | (o >> 4)) & 0x00FF00FFu;
-    e = (e | (e >> 8)) & 0x0000FFFFu;
-    o = (o | (o >> 8)) & 0x0000FFFFu;
-    return e | (o << 16);
-  }
-  __device__ __forceinline__ void Store(int64_t, bf16* stage) const {
-#pragma unroll
-    for (int i = 0; i < kChunks; ++i) {
-      const uint32_t s2 = E8M0Bf16x2(s[i]);
-      const uint32_t words[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        StoreShared16(stage + dst[i] + 8 * j, Mxfp4Bf16x8(Unshuffle(words[j]), s2));
-      }
-    }
-  }
-};
-
-// FP8 blocks: a thread takes 16 bytes of each of two rows' slices (within one scale block:
-// block_cols % 16 == 0).
+using PitchMxfp4 = TileMxfp4<kThreads, PitchLayout>;
 template <int kThreads>
-struct TileFp8 {
-  static constexpr int kChunks = kTileN * kTileK / 16 / kThreads;  // 2 or 4
-  const uint8_t* p[kChunks];
-  const float* srow[kChunks];  // the row's scales at column 0
-  int col[kChunks], dst[kChunks];
-  int32_t block_cols;
-  uint4 raw[kChunks];
-  float s[kChunks];
-  template <class RowOf>
-  __device__ __forceinline__ void Init(const TiledExpertWeights& w, int64_t row0, RowOf row_of,
-                                       int64_t k_in) {
-    block_cols = w.fp8.block_cols;
-#pragma unroll
-    for (int i = 0; i < kChunks; ++i) {
-      const int c = threadIdx.x + i * kThreads, r = c >> 2;
-      col[i] = (c & 3) * 16;
-      const int64_t g = row0 + row_of(r);
-      p[i] = w.fp8.w + g * k_in + col[i];
-      srow[i] = w.fp8.scale + w.fp8.ScaleIndex(g, 0);
-      dst[i] = r * kPitch + col[i];
-    }
-  }
-  __device__ __forceinline__ void Load(int64_t k0, bf16*) {
-#pragma unroll
-    for (int i = 0; i < kChunks; ++i) {
-      raw[i] = LoadWeights16(reinterpret_cast<const uint4*>(p[i] + k0));
-      s[i] = __ldg(srow[i] + static_cast<int32_t>(k0 + col[i]) / block_cols);  // 32-bit divide
-    }
-  }
-  __device__ __forceinline__ void Store(int64_t, bf16* stage) const {
-#pragma unroll
-    for (int i = 0; i < kChunks; ++i) {
-      StoreShared16(stage + dst[i], Fp8Bf16x8(raw[i].x, raw[i].y, s[i]));
-      StoreShared16(stage + dst[i] + 8, Fp8Bf16x8(raw[i].z, raw[i].w, s[i]));
-    }
-  }
-};
+using PitchFp8 = TileFp8<kThreads, PitchLayout>;
 
-// m-tiles[e] prefix: tile_start[e] = Σ_{e' < e} ceil(count(e') / rows), tile_start[E] the total.
-__global__ void __launch_bounds__(kScanThreads) TileStartKernel(const int32_t* offsets,
-                                                                int32_t experts, int32_t rows,
-                                                                int32_t* tile_start) {
-  using Scan = cub::BlockScan<int32_t, kScanThreads>;
-  __shared__ typename Scan::TempStorage temp;
-  int32_t v[kScanItems];
-#pragma unroll
-  for (int i = 0; i < kScanItems; ++i) {
-    const int e = threadIdx.x * kScanItems + i;
-    v[i] = e < experts ? (offsets[e + 1] - offsets[e] + rows - 1) / rows : 0;
-  }
-  Scan(temp).ExclusiveSum(v, v);
-#pragma unroll
-  for (int i = 0; i < kScanItems; ++i) {
-    const int e = threadIdx.x * kScanItems + i;
-    if (e <= experts) tile_start[e] = v[i];
-  }
-}
-
-struct GemmArgs {
-  const bf16* x;             // gate_up: u in bf16 [T, K] (rows by token); down: h [A, K] sorted
-  bool by_token;             // x row of sorted assignment a: order[a] / top_k, else a
-  int64_t top_k;
-  TiledExpertWeights w;
-  int64_t n_out;             // gate_up: I (h columns); down: D
-  int64_t k_in;
-  float limit;
-  const int32_t* order;
-  const int32_t* offsets;
-  const int32_t* tile_start;  // token tiles prefix (TileStartKernel)
-  int32_t experts;
-  int32_t n_tiles;           // weight tiles per expert
-  void* y;                   // gate_up: h bf16 [A, I]; down: y fp32 [A, D] at order[a]
-};
+using GemmArgs = TileGemmArgs;
 
 // kMt m16 tiles per warp (BM = 32 kMt), kWarpsN warps along the weight rows, each with
 // kNt = 16 / kWarpsN n8 tiles (warp tiles (BM / 2) x 32 or x 64).
@@ -258,28 +87,9 @@ __global__ void __launch_bounds__(64 * kWarpsN, 2) ExpertTileKernel(const GemmAr
   bf16* const sa = reinterpret_cast<bf16*>(smem_raw);  // [kStages][kRows][kPitch]
   bf16* const sb = sa + kStages * kRows * kPitch;     // [kStages][kTileN][kPitch]
 
-  // This block's tile: expert e with tile_start[e] * n_tiles <= b < tile_start[e + 1] * n_tiles,
-  // found in a copy of the prefix in shared memory (the stages' space, not yet in use).
-  const int32_t b = static_cast<int32_t>(blockIdx.x);
-  int32_t* const ts = reinterpret_cast<int32_t*>(smem_raw);
-  for (int i = threadIdx.x; i <= g.experts; i += kThreads) ts[i] = g.tile_start[i] * g.n_tiles;
-  __syncthreads();
-  if (b >= ts[g.experts]) return;
-  int lo = 0, hi = g.experts;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) >> 1;
-    if (ts[mid] <= b) {
-      lo = mid;
-    } else {
-      hi = mid;
-    }
-  }
-  const int32_t e = lo;
-  const int32_t local = b - ts[e];
-  __syncthreads();  // every thread has read the prefix before the stages overwrite it
-  const int32_t a0 = g.offsets[e], count = g.offsets[e + 1] - a0;
-  const int32_t m_tiles = (count + kRows - 1) / kRows;
-  const int32_t n_tile = local / m_tiles, m0 = (local % m_tiles) * kRows;
+  TileCoord tc;
+  if (!FindTile(g, kRows, reinterpret_cast<int32_t*>(smem_raw), &tc)) return;
+  const int32_t e = tc.e, a0 = tc.a0, count = tc.count, n_tile = tc.n_tile, m0 = tc.m0;
 
   // The thread's activation chunks (row, 16 bytes) and weight rows, fixed over k.
   const bf16* ap[kAChunks];
@@ -424,8 +234,7 @@ absl::Status LaunchTiles(const GemmArgs& g, int64_t assignments, cudaStream_t st
   CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel,
                                             cudaFuncAttributePreferredSharedMemoryCarveout,
                                             cudaSharedmemCarveoutMaxShared));
-  const int64_t bound =
-      ((assignments + kRows - 1) / kRows + std::min<int64_t>(g.experts, assignments)) * g.n_tiles;
+  const int64_t bound = TileGridBound(assignments, g.experts, kRows, g.n_tiles);
   if (bound > std::numeric_limits<int32_t>::max()) {
     return absl::InvalidArgumentError("MoeExpertsTiled: more tiles than a grid holds");
   }
@@ -484,7 +293,8 @@ int MoeTiledRows(const ExpertsShape& d, const TiledExpertWeights& gate_up,
   return a >= 128 * d.experts ? 128 : 64;
 }
 
-absl::Status MoeExpertsTiled(const ExpertsShape& d, int tile_rows, int warps, const float* u,
+absl::Status MoeExpertsTiled(const ExpertsShape& d, int tile_rows, bool wgmma, int warps,
+                             const float* u,
                              const float* weights, const TiledExpertWeights& gate_up,
                              const TiledExpertWeights& down, const MoeWorkspace& w, float* out,
                              cudaStream_t stream) {
@@ -524,15 +334,19 @@ absl::Status MoeExpertsTiled(const ExpertsShape& d, int tile_rows, int warps, co
   dn.k_in = d.inter;
   dn.n_tiles = static_cast<int32_t>(d.dim / kTileN);
   dn.y = w.y;
+  if (wgmma) {
+    RETURN_IF_ERROR(RunTiledWgmma(gate_up.format, tile_rows, gu, dn, d.tokens * d.top_k, stream));
+    return CombineAssignments(d, w.y, nullptr, weights, out, stream);
+  }
   switch (gate_up.format) {
     case QuantFormat::kNone:
-      RETURN_IF_ERROR(RunTiledRows<TileBf16>(tile_rows, warps, d, gu, dn, stream));
+      RETURN_IF_ERROR(RunTiledRows<PitchBf16>(tile_rows, warps, d, gu, dn, stream));
       break;
     case QuantFormat::kMxfp4:
-      RETURN_IF_ERROR(RunTiledRows<TileMxfp4>(tile_rows, warps, d, gu, dn, stream));
+      RETURN_IF_ERROR(RunTiledRows<PitchMxfp4>(tile_rows, warps, d, gu, dn, stream));
       break;
     case QuantFormat::kFp8Block:
-      RETURN_IF_ERROR(RunTiledRows<TileFp8>(tile_rows, warps, d, gu, dn, stream));
+      RETURN_IF_ERROR(RunTiledRows<PitchFp8>(tile_rows, warps, d, gu, dn, stream));
       break;
   }
   return CombineAssignments(d, w.y, nullptr, weights, out, stream);

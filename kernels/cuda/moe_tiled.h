@@ -34,9 +34,10 @@ int MoeTiledRows(const ::dsv4::ExpertsShape& d, const TiledExpertWeights& gate_u
                  const TiledExpertWeights& down, int mode);
 
 // out[T, D] = Σ_k weights[t,k] · down[e] · SwiGLU(gate_up[e] · u[t]) with the assignments
-// already sorted by expert (SortAssignments: w.order, w.offsets); `tile_rows` from MoeTiledRows,
-// `warps` 8 (2 x 4: warp tiles of (rows / 2) x 32) or 4 (2 x 2: (rows / 2) x 64).
-absl::Status MoeExpertsTiled(const ::dsv4::ExpertsShape& d, int tile_rows, int warps,
+// already sorted by expert (SortAssignments: w.order, w.offsets); `tile_rows` from MoeTiledRows.
+// `wgmma`: the Hopper warpgroup-MMA kernels (moe_tiled_wgmma.cu); else mma.sync with `warps` 8
+// (2 x 4: warp tiles of (rows / 2) x 32) or 4 (2 x 2: (rows / 2) x 64).
+absl::Status MoeExpertsTiled(const ::dsv4::ExpertsShape& d, int tile_rows, bool wgmma, int warps,
                              const float* u,
                              const float* weights, const TiledExpertWeights& gate_up,
                              const TiledExpertWeights& down, const MoeWorkspace& w, float* out,

@@ -2,9 +2,10 @@
 // CPU reference, through the Backend seam in bf16 mode (label `gpu`): bf16, MXFP4 and FP8 routed
 // experts, ragged token counts (1, 7, 129, 1000, 8192), experts with none, one and many
 // assignments (HotRouting), both token tiles forced (DSV4_MOE_TILED=64 / 128) and chosen by
-// shape. The tolerance is the bf16 expert tests' 1e-2 at the output's scale (u and h rounded to
-// bf16; FP8 weights rounded to bf16 once). Both token tiles sum every output over k in the same
-// order with the same operands, so they must agree bit for bit.
+// shape, on the wgmma kernels and the mma.sync ones (DSV4_MOE_WGMMA=0). The tolerance is the
+// bf16 expert tests' 1e-2 at the output's scale (u and h rounded to bf16; FP8 weights rounded to
+// bf16 once). The mma.sync kernels sum every output over k in the same order with the same
+// operands at both token tiles and warp layouts, so those four must agree bit for bit.
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -55,14 +56,20 @@ struct TiledCase {
   bool hot = false;
 };
 
-// GPU (with DSV4_MOE_TILED = `mode`, DSV4_MOE_TILE_WARPS = `warps`) against the CPU reference
-// for each token count of `c`; returns the GPU outputs in order.
+// The tiled kernels: wgmma, or mma.sync with 8 or 4 warps a block.
+enum class Mma { kWgmma, kSync8, kSync4 };
+const char* MmaName(Mma m) {
+  return m == Mma::kWgmma ? "wgmma" : m == Mma::kSync8 ? "mma.sync x8" : "mma.sync x4";
+}
+
+// GPU (with DSV4_MOE_TILED = `mode` and the kernels `mma`) against the CPU reference for each
+// token count of `c`; returns the GPU outputs in order.
 std::vector<std::vector<float>> CompareTiled(const char* mode, WeightFormat format,
-                                             const TiledCase& c, uint32_t seed,
-                                             const char* warps = "8") {
+                                             const TiledCase& c, uint32_t seed, Mma mma) {
   std::vector<std::vector<float>> outs;
   const ScopedEnv tiled("DSV4_MOE_TILED", mode);
-  const ScopedEnv tile_warps("DSV4_MOE_TILE_WARPS", warps);
+  const ScopedEnv wgmma("DSV4_MOE_WGMMA", mma == Mma::kWgmma ? "1" : "0");
+  const ScopedEnv tile_warps("DSV4_MOE_TILE_WARPS", mma == Mma::kSync4 ? "4" : "8");
   BackendPair p(Precision::kBF16);
   EXPECT_TRUE(p.gpu != nullptr);
   if (p.gpu == nullptr) return outs;
@@ -70,7 +77,7 @@ std::vector<std::vector<float>> CompareTiled(const char* mode, WeightFormat form
   const MoeWeights wc{x.gate_up.c, x.down.c, Tensor{}, Tensor{}, Tensor{}};
   const MoeWeights wg{x.gate_up.g, x.down.g, Tensor{}, Tensor{}, Tensor{}};
   for (int32_t T : c.tokens) {
-    SCOPED_TRACE(::testing::Message() << "DSV4_MOE_TILED=" << mode << " warps=" << warps << " "
+    SCOPED_TRACE(::testing::Message() << "DSV4_MOE_TILED=" << mode << " " << MmaName(mma) << " "
                                       << WeightFormatName(format) << " T=" << T
                                       << (c.hot ? " hot" : ""));
     p.Begin({{0, T}}, kBlock);
@@ -93,15 +100,18 @@ std::vector<std::vector<float>> CompareTiled(const char* mode, WeightFormat form
 // Small widths in all three formats, both token tiles and both warp layouts forced: ragged
 // counts (a partial last token tile everywhere; at T = 2 and 7 most experts have no assignment,
 // the rest one; T = 1 takes the single-token kernels whatever the switch) and a hot expert
-// (every token) next to experts with none or one. All four give the same bits.
+// (every token) next to experts with none or one. The four mma.sync variants give the same bits;
+// the wgmma kernels at both token tiles meet the reference.
 TEST(CudaMoeTiled, RaggedCountsMatchReference) {
   DSV4_REQUIRE_GPU();
   for (WeightFormat f : {WeightFormat::kDense, WeightFormat::kMxfp4, WeightFormat::kFp8Block}) {
     for (bool hot : {false, true}) {
       const TiledCase c{8, 256, 128, 2, {1, 2, 7, 129, 1000}, hot};
+      CompareTiled("64", f, c, 900, Mma::kWgmma);
+      CompareTiled("128", f, c, 900, Mma::kWgmma);
       const std::vector<std::vector<float>> runs[4] = {
-          CompareTiled("64", f, c, 900), CompareTiled("128", f, c, 900),
-          CompareTiled("64", f, c, 900, "4"), CompareTiled("128", f, c, 900, "4")};
+          CompareTiled("64", f, c, 900, Mma::kSync8), CompareTiled("128", f, c, 900, Mma::kSync8),
+          CompareTiled("64", f, c, 900, Mma::kSync4), CompareTiled("128", f, c, 900, Mma::kSync4)};
       for (const auto& r : runs) ASSERT_EQ(r.size(), c.tokens.size());
       for (int v = 1; v < 4; ++v) {
         for (size_t i = 0; i < c.tokens.size(); ++i) {
@@ -116,12 +126,15 @@ TEST(CudaMoeTiled, RaggedCountsMatchReference) {
 }
 
 // Flash widths (D = 4096, I = 2048, top-6) at 8 experts and 1000 tokens, chosen by shape
-// (750 assignments an expert: 128-row tiles), with random and hot routing.
+// (750 assignments an expert: 128-row tiles) with random and hot routing on the wgmma kernels,
+// 64-row tiles forced there at 300 tokens, and random routing on mma.sync.
 TEST(CudaMoeTiled, FlashWidthsMatchReference) {
   DSV4_REQUIRE_GPU();
   for (WeightFormat f : {WeightFormat::kDense, WeightFormat::kMxfp4, WeightFormat::kFp8Block}) {
-    CompareTiled("1", f, TiledCase{8, 4096, 2048, 6, {1000}, false}, 910);
-    CompareTiled("1", f, TiledCase{8, 4096, 2048, 6, {1000}, true}, 920, "4");
+    CompareTiled("1", f, TiledCase{8, 4096, 2048, 6, {1000}, false}, 910, Mma::kWgmma);
+    CompareTiled("1", f, TiledCase{8, 4096, 2048, 6, {1000}, true}, 920, Mma::kWgmma);
+    CompareTiled("64", f, TiledCase{8, 4096, 2048, 6, {300}, false}, 930, Mma::kWgmma);
+    CompareTiled("1", f, TiledCase{8, 4096, 2048, 6, {1000}, false}, 910, Mma::kSync8);
   }
 }
 
@@ -129,8 +142,10 @@ TEST(CudaMoeTiled, FlashWidthsMatchReference) {
 // tokens over 256 experts (48 each: 64-row tiles), MXFP4 as released.
 TEST(CudaMoeTiled, LongPromptsMatchReference) {
   DSV4_REQUIRE_GPU();
-  CompareTiled("1", WeightFormat::kMxfp4, TiledCase{64, 512, 256, 6, {8192}}, 930);
-  CompareTiled("1", WeightFormat::kMxfp4, TiledCase{256, 512, 256, 6, {2048}}, 940);
+  for (Mma m : {Mma::kWgmma, Mma::kSync8}) {
+    CompareTiled("1", WeightFormat::kMxfp4, TiledCase{64, 512, 256, 6, {8192}}, 930, m);
+    CompareTiled("1", WeightFormat::kMxfp4, TiledCase{256, 512, 256, 6, {2048}}, 940, m);
+  }
 }
 
 }  // namespace
