@@ -8,8 +8,11 @@ void ModelFlags::Register(CLI::App& app) {
   app.add_option("--model", model_dir, "model directory (config.json + safetensors); default: "
                                        "the embedded dsv4-tiny model");
   app.add_option("--device", device, "auto (a GPU when present), cpu, cuda or cuda:N");
-  app.add_option("--precision", precision, "GPU weight precision: bf16 or fp32 (exact checks)")
-      ->check(CLI::IsMember({"bf16", "fp32"}));
+  app.add_option("--precision", precision,
+                 "GPU precision: bf16; fp8 (bf16, and prefill-sized products with FP8 weights on "
+                 "FP8 tensor cores with e4m3 activations in 1x128 groups, as DeepSeek's own "
+                 "inference); fp32 (exact checks)")
+      ->check(CLI::IsMember({"bf16", "fp8", "fp32"}));
   app.add_option("--synthetic-config", synthetic_config,
                  "run a config.json with deterministic synthetic weights (no checkpoint)");
   app.add_option("--weights-seed", seed, "seed of the synthetic weights");

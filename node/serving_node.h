@@ -26,7 +26,7 @@ struct NodeOptions {
   std::string synthetic_config;     // or: a config.json run with synthetic weights
   uint64_t seed = 1;                // of the synthetic weights
   std::string device = "auto";      // auto|cpu|cuda|cuda:N
-  std::string precision = "bf16";   // GPU weights: bf16|fp32
+  std::string precision = "bf16";   // GPU: bf16|fp8|fp32 (ModelFlags)
   std::string weight_format = "auto";  // auto|bf16 (worker_factory.h WeightsSpec)
   // GPU kernels that never depend on the step's other rows (docs/cuda-backend.md): bit-exact
   // across batching, chunking and prefix-cache hits, at a cost in speed. The CPU worker always is.

@@ -34,10 +34,19 @@ absl::StatusOr<const Plugin*> LoadPlugin() {
 absl::StatusOr<Precision> ParsePrecision(std::string_view s) {
   if (s == "bf16") return Precision::kBF16;
   if (s == "fp32") return Precision::kFP32;
-  return absl::InvalidArgumentError(absl::StrCat("precision must be bf16 or fp32, got '", AV(s), "'"));
+  if (s == "fp8") return Precision::kFP8;
+  return absl::InvalidArgumentError(
+      absl::StrCat("precision must be bf16, fp8 or fp32, got '", AV(s), "'"));
 }
 
-const char* PrecisionName(Precision p) { return p == Precision::kFP32 ? "fp32" : "bf16"; }
+const char* PrecisionName(Precision p) {
+  switch (p) {
+    case Precision::kFP32: return "fp32";
+    case Precision::kFP8: return "fp8";
+    case Precision::kBF16: break;
+  }
+  return "bf16";
+}
 
 absl::StatusOr<int> CudaDeviceCount() {
   ASSIGN_OR_RETURN(const Plugin* plugin, LoadPlugin());
@@ -66,7 +75,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device, Precision
                    plugin->Function<Dsv4CreateCudaBackendFn>("dsv4_create_cuda_backend"));
   absl::Status status;
   std::unique_ptr<Backend> b(
-      create(device, precision == Precision::kFP32 ? 1 : 0, batch_invariant ? 1 : 0, &status));
+      create(device, static_cast<int>(precision), batch_invariant ? 1 : 0, &status));
   if (b == nullptr) return status.ok() ? absl::InternalError("CUDA backend creation failed") : status;
   return b;
 }

@@ -16,9 +16,11 @@
 
 namespace dsv4 {
 
-constexpr int kCudaPluginAbi = 10;
+constexpr int kCudaPluginAbi = 11;
 
-enum class Precision { kBF16, kFP32 };
+// kFP8: bf16, and FP8 e4m3 activations (1 x 128 groups) into the FP8-weight products of
+// prefill-sized steps (CudaBackendOptions::fp8_activations).
+enum class Precision { kBF16, kFP32, kFP8 };
 absl::StatusOr<Precision> ParsePrecision(std::string_view s);
 const char* PrecisionName(Precision p);
 
@@ -44,7 +46,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(int rank, i
 extern "C" {
 using Dsv4CudaAbiFn = int();
 using Dsv4CreateCudaWorkerFn = dsv4::Worker*(int device, absl::Status* status);
-using Dsv4CreateCudaBackendFn = dsv4::Backend*(int device, int fp32, int batch_invariant,
+// precision: static_cast<int>(dsv4::Precision).
+using Dsv4CreateCudaBackendFn = dsv4::Backend*(int device, int precision, int batch_invariant,
                                                 absl::Status* status);
 using Dsv4NcclUniqueIdFn = int(char* out, int len, absl::Status* status);
 using Dsv4CreateNcclCommunicatorFn = dsv4::Communicator*(int rank, int world_size, const char* id,

@@ -23,7 +23,7 @@ class Communicator;  // parallel/communicator.h
 
 struct WorkerInfo {
   std::string device;       // "cpu", "cuda:0", ...
-  std::string precision;    // of the matrices: "fp32" (the CPU worker), "bf16" or "fp32" (GPU)
+  std::string precision;    // "fp32" (the CPU worker), "bf16", "fp8" or "fp32" (GPU)
   int32_t num_blocks = 0;   // context-pool blocks (0 until loaded)
   int32_t num_slots = 0;    // state slots (max concurrent sequences)
   int32_t num_state_snapshots = 0;  // prefix-cache state rows past the slots
@@ -52,7 +52,7 @@ struct CudaGraphOptions {
 // knobs every rank must share): the coordinator fills it, Worker::Configure takes it. The device
 // is not in it: a worker has its own, from its creation (WorkerFactory).
 struct WorkerConfig {
-  std::string precision = "bf16";      // GPU matrices: bf16|fp32 (the CPU computes in fp32)
+  std::string precision = "bf16";      // GPU: bf16|fp8|fp32 (the CPU computes in fp32)
   std::string weight_format = "auto";  // auto|bf16 (worker_factory.h WeightsSpec)
   bool batch_invariant = false;        // GPU: rows independent of the batch (CudaBackendOptions)
   int threads = 0;                     // CPU BLAS threads; 0 = the library's default

@@ -48,6 +48,11 @@ absl::Status CheckBatchInvariant(const WorkerConfig& config) {
         "batch_invariant: needs at most 2 tensor-parallel ranks, got ", config.parallel.world_size,
         " (the all-reduce of more ranks sums in an order that depends on the step's size)"));
   }
+  if (config.batch_invariant && config.precision == "fp8") {
+    return absl::InvalidArgumentError(
+        "batch_invariant: does not combine with precision fp8 (FP8 activations from 128 rows "
+        "on: a row's numbers would depend on the step's size)");
+  }
   return absl::OkStatus();
 }
 

@@ -25,7 +25,8 @@ __device__ __forceinline__ float Pow2Scale(float a) {
 }
 
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
-    QuantizeKernel(const float* x, int64_t m, int64_t k, int64_t ldx, uint8_t* x8, float* scales) {
+    QuantizeKernel(const float* x, int64_t m, int64_t k, int64_t ldx, uint8_t* x8, float* scales,
+                   int64_t scales_ld) {
   const int64_t groups = (k + kGroup - 1) / kGroup;
   const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (w >= m * groups) return;
@@ -47,25 +48,26 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     *reinterpret_cast<uint32_t*>(x8 + row * k + c) =
         static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
   }
-  if (lane == 0) scales[g * m + row] = s;
+  if (lane == 0) scales[g * scales_ld + row] = s;
 }
 
 }  // namespace
 
 absl::Status QuantizeFp8Groups(const float* x, int64_t m, int64_t k, int64_t ldx, uint8_t* x8,
-                               float* scales, cudaStream_t stream) {
+                               float* scales, cudaStream_t stream, int64_t scales_ld) {
   if (m == 0) return absl::OkStatus();
-  if (m < 0 || k <= 0 || k % 4 != 0 || ldx < k || ldx % 4 != 0 ||
+  if (scales_ld == 0) scales_ld = m;
+  if (m < 0 || k <= 0 || k % 4 != 0 || ldx < k || ldx % 4 != 0 || scales_ld < m ||
       reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(x8) % 4 != 0) {
     return absl::InvalidArgumentError(
-        "QuantizeFp8Groups: needs k a positive multiple of 4, ldx >= k a multiple of 4 and "
-        "aligned x (16 bytes) and x8 (4 bytes)");
+        "QuantizeFp8Groups: needs k a positive multiple of 4, ldx >= k a multiple of 4, "
+        "scales_ld >= m and aligned x (16 bytes) and x8 (4 bytes)");
   }
   const int64_t warps = m * ((k + kGroup - 1) / kGroup);
   const int64_t blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (blocks > 0x7fffffff) return absl::InvalidArgumentError("QuantizeFp8Groups: too many rows");
-  QuantizeKernel<<<static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0, stream>>>(x, m, k, ldx,
-                                                                                    x8, scales);
+  QuantizeKernel<<<static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0, stream>>>(
+      x, m, k, ldx, x8, scales, scales_ld);
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "common/status.h"
 #include "kernels/common/cuda_check.h"
 #include "kernels/cuda/common.cuh"
 
@@ -146,6 +147,173 @@ __global__ void __launch_bounds__(ScoreCfg<kHeads>::kThreads)
     scores[t * max_visible + e] = score;
   }
   __syncthreads();  // spart is rewritten by the next chunk
+  }
+}
+
+// Scores on TF32 tensor cores (IndexerTopK with `tf32`, the bf16 precision mode's): a block
+// takes kTok consecutive tokens and chunks of kMmaEntries entries (grid-stride over the chunks,
+// like ScoreKernel). Warp (tok, g) holds heads [16 g, 16 g + 16) of its token's q as mma A
+// fragments in registers for the whole of K = 128 (rounded to TF32 once) and multiplies them with
+// the chunk's keys, staged in shared memory by cp.async two chunks deep (rows padded to 132
+// floats: the fragment reads are conflict-free; the tensor cores read the keys' top 19 bits).
+// The kTok tokens of one sequence share every staged chunk (the keys' trips from L2 bound the
+// one-token form); a group spanning sequences takes one pass per sequence. Each product (head,
+// entry) goes through ReLU and is weighted by w[t, h] · weight_scale · score_scale; the warp sums
+// its 16 heads with shuffles, then its token's head groups are added in order through shared
+// memory: a token's scores do not depend on kTok or on the other tokens of its group.
+constexpr int kMmaEntries = 64;
+constexpr int kMmaDim = 128;
+constexpr int kMmaPitch = kMmaDim + 4;
+constexpr int kMmaNt = kMmaEntries / 8;  // n8 tiles a chunk
+constexpr int kMmaKs = kMmaDim / 8;      // k8 steps
+constexpr int kMmaGroupTokens = 4;       // tokens a block of prefill-sized steps
+constexpr int64_t kMmaGroupMinTokens = 512;
+
+__device__ __forceinline__ uint32_t Tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ void MmaTf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(gmem),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+
+// kHg head groups of 16 (heads = 16 kHg), kTok tokens: 32 kHg kTok threads.
+template <int kHg, int kTok>
+__global__ void __launch_bounds__(32 * kHg * kTok)
+    ScoreMmaKernel(IndexerDims s, RaggedBatchView b, const float* q, const float* w,
+                   const float* keys, int64_t max_visible, float* scores) {
+  PdlTrigger();
+  PdlWait();
+  constexpr int kThreads = 32 * kHg * kTok;
+  extern __shared__ float4 smem4[];
+  float* const sk = reinterpret_cast<float*>(smem4);  // [2][kMmaEntries][kMmaPitch]
+  __shared__ float red[kTok][kHg][kMmaEntries];
+  __shared__ int32_t s_seq[kTok];
+  __shared__ int64_t s_v[kTok];  // visible entries, 0 when the token needs no scores
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int tok = warp / kHg, g = warp % kHg;
+  const int r = lane >> 2, c = lane & 3;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTok;
+  if (threadIdx.x < kTok) {
+    const int64_t t = t0 + threadIdx.x;
+    int64_t v = 0;
+    int32_t seq = -1;
+    if (t < b.num_tokens) {
+      seq = b.token_seq[t];
+      v = Visible(b, static_cast<int32_t>(t), s.ratio);
+      if (v <= s.topk && !b.force_indexer_scoring) v = 0;  // the select takes all
+    }
+    s_seq[threadIdx.x] = seq;
+    s_v[threadIdx.x] = v;
+  }
+  __syncthreads();
+  const int64_t t = t0 + tok;
+  const int64_t my_v = s_v[tok];
+  const int32_t my_seq = s_seq[tok];
+  // The warp's q fragments (heads 16 g + r, + 8; k = 8 ks + c, + 4) and head weights.
+  uint32_t a[kMmaKs][4];
+  float wa = 0.0f, wb = 0.0f;
+  if (my_v > 0) {
+    const float* qh = q + (t * s.heads + 16 * g + r) * kMmaDim;
+#pragma unroll
+    for (int ks = 0; ks < kMmaKs; ++ks) {
+      a[ks][0] = Tf32(qh[8 * ks + c]);
+      a[ks][1] = Tf32(qh[8 * kMmaDim + 8 * ks + c]);
+      a[ks][2] = Tf32(qh[8 * ks + c + 4]);
+      a[ks][3] = Tf32(qh[8 * kMmaDim + 8 * ks + c + 4]);
+    }
+    const float hs = s.weight_scale * s.score_scale;
+    wa = w[t * s.heads + 16 * g + r] * hs;
+    wb = w[t * s.heads + 16 * g + r + 8] * hs;
+  }
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kMmaEntries;
+  // One pass per distinct sequence among the group's scored tokens (one in a prefill).
+  for (int lead = 0; lead < kTok; ++lead) {
+    const int32_t seq = s_seq[lead];
+    bool first = s_v[lead] > 0;
+    int64_t v = 0;  // the pass's bound: the most entries any of its tokens sees
+    for (int u = 0; u < kTok; ++u) {
+      if (s_v[u] > 0 && s_seq[u] == seq) {
+        if (u < lead) first = false;
+        v = max(v, s_v[u]);
+      }
+    }
+    if (!first) continue;  // no scored token, or a pass already covered this sequence
+    const bool active = my_v > 0 && my_seq == seq;
+    auto stage = [&](int64_t e0, int buf) {
+      float* dst = sk + buf * kMmaEntries * kMmaPitch;
+      for (int f = threadIdx.x; f < kMmaEntries * kMmaDim / 4; f += kThreads) {
+        const int j = f / (kMmaDim / 4), cc = f % (kMmaDim / 4);
+        const bool ok = e0 + j < v;
+        const float* row = ok ? keys + EntryRow(b, seq, e0 + j, s.ratio) * kMmaDim : keys;
+        CpAsync16(dst + j * kMmaPitch + 4 * cc, row + 4 * cc, ok);
+      }
+      asm volatile("cp.async.commit_group;\n" ::: "memory");
+    };
+    int64_t e0 = static_cast<int64_t>(blockIdx.x) * kMmaEntries;
+    if (e0 >= v) continue;  // uniform over the block
+    __syncthreads();  // the previous pass is done with both buffers and red
+    stage(e0, 0);
+    for (int buf = 0; e0 < v; e0 += step, buf ^= 1) {
+      if (e0 + step < v) {
+        stage(e0 + step, buf ^ 1);
+        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+      } else {
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+      }
+      __syncthreads();  // the chunk's keys are in; red is free (the previous chunk was summed)
+      if (active && e0 < my_v) {  // uniform over the warp
+        const float* kb = sk + buf * kMmaEntries * kMmaPitch;
+        float acc[kMmaNt][4];
+#pragma unroll
+        for (int j = 0; j < kMmaNt; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < kMmaKs; ++ks) {
+#pragma unroll
+          for (int j = 0; j < kMmaNt; ++j) {
+            const float* kr = kb + (8 * j + r) * kMmaPitch + 8 * ks + c;
+            MmaTf32(acc[j], a[ks], __float_as_uint(kr[0]), __float_as_uint(kr[4]));
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < kMmaNt; ++j) {
+          float v0 = fmaxf(acc[j][0], 0.0f) * wa + fmaxf(acc[j][2], 0.0f) * wb;
+          float v1 = fmaxf(acc[j][1], 0.0f) * wa + fmaxf(acc[j][3], 0.0f) * wb;
+#pragma unroll
+          for (int o = 4; o < 32; o <<= 1) {
+            v0 += __shfl_xor_sync(0xffffffffu, v0, o);
+            v1 += __shfl_xor_sync(0xffffffffu, v1, o);
+          }
+          if (r == 0) {
+            red[tok][g][8 * j + 2 * c] = v0;
+            red[tok][g][8 * j + 2 * c + 1] = v1;
+          }
+        }
+      }
+      __syncthreads();  // red complete; every warp is done with this buffer
+      for (int i = threadIdx.x; i < kTok * kMmaEntries; i += kThreads) {
+        const int u = i / kMmaEntries, e = i % kMmaEntries;
+        if (s_v[u] > 0 && s_seq[u] == seq && e0 + e < s_v[u]) {
+          float score = red[u][0][e];
+#pragma unroll
+          for (int h = 1; h < kHg; ++h) score += red[u][h][e];
+          scores[(t0 + u) * max_visible + e0 + e] = score;
+        }
+      }
+      // The next iteration's barrier orders these reads of red before its rewrite; the buffer
+      // refilled next (stage) was read before the barrier above.
+    }
   }
 }
 
@@ -363,12 +531,69 @@ absl::Status IndexerSelectAll(const IndexerDims& s, const RaggedBatchView& b, in
   return absl::OkStatus();
 }
 
+bool IndexerTf32Fits(const IndexerDims& s) {
+  return s.dim == kMmaDim && (s.heads == 16 || s.heads == 32 || s.heads == 64);
+}
+
+namespace {
+
+template <int kHg, int kTok>
+absl::Status LaunchScoreMmaFor(const IndexerDims& s, const RaggedBatchView& b, const float* q,
+                               const float* w, const float* keys, int64_t max_visible,
+                               float* scores, cudaStream_t stream) {
+  const int64_t chunks = (max_visible + kMmaEntries - 1) / kMmaEntries;
+  const int64_t groups = (b.num_tokens + kTok - 1) / kTok;
+  // About 16k blocks in all at most (each keeps its q fragments over its chunks).
+  const int64_t per_group = std::max<int64_t>(1, kMaxScoreBlocks / groups);
+  const dim3 grid(static_cast<unsigned>(std::min(chunks, per_group)),
+                  static_cast<unsigned>(groups));
+  const size_t smem = sizeof(float) * 2 * kMmaEntries * kMmaPitch;
+  auto kernel = ScoreMmaKernel<kHg, kTok>;
+  CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(smem)));
+  CUDA_RETURN_IF_ERROR(LaunchPdl(kernel, grid, dim3(32 * kHg * kTok), smem, stream, s, b, q, w,
+                                 keys, max_visible, scores));
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+// Groups of kMmaGroupTokens tokens from kMmaGroupMinTokens tokens a step (prefill: they share
+// the staged keys), else one token a block (decode: more blocks). A shape-only choice; a token's
+// scores are the same bits either way.
+template <int kHg>
+absl::Status LaunchScoreMmaHeads(const IndexerDims& s, const RaggedBatchView& b, const float* q,
+                                 const float* w, const float* keys, int64_t max_visible,
+                                 float* scores, cudaStream_t stream) {
+  if (b.num_tokens >= kMmaGroupMinTokens && kHg * kMmaGroupTokens <= 16) {
+    return LaunchScoreMmaFor<kHg, (kHg * kMmaGroupTokens <= 16 ? kMmaGroupTokens : 1)>(
+        s, b, q, w, keys, max_visible, scores, stream);
+  }
+  return LaunchScoreMmaFor<kHg, 1>(s, b, q, w, keys, max_visible, scores, stream);
+}
+
+absl::Status LaunchScoreMma(const IndexerDims& s, const RaggedBatchView& b, const float* q,
+                            const float* w, const float* keys, int64_t max_visible, float* scores,
+                            cudaStream_t stream) {
+  switch (s.heads) {
+    case 16: return LaunchScoreMmaHeads<1>(s, b, q, w, keys, max_visible, scores, stream);
+    case 32: return LaunchScoreMmaHeads<2>(s, b, q, w, keys, max_visible, scores, stream);
+    default: return LaunchScoreMmaHeads<4>(s, b, q, w, keys, max_visible, scores, stream);
+  }
+}
+
+}  // namespace
+
 absl::Status IndexerTopK(const IndexerDims& s, const RaggedBatchView& b, const float* q,
-                         const float* w, const float* keys, int64_t max_visible, float* scores,
-                         int32_t* out, cudaStream_t stream) {
+                         const float* w, const float* keys, int64_t max_visible, bool tf32,
+                         float* scores, int32_t* out, cudaStream_t stream) {
   if (b.num_tokens == 0) return absl::OkStatus();
   if (s.dim % 4 != 0) return absl::UnimplementedError("index_head_dim must be a multiple of 4");
-  if (max_visible > 0) {
+  if (tf32 && !IndexerTf32Fits(s)) {
+    return absl::InvalidArgumentError("IndexerTopK: TF32 scoring needs dim 128 and 16, 32 or 64 heads");
+  }
+  if (max_visible > 0 && tf32) {
+    RETURN_IF_ERROR(LaunchScoreMma(s, b, q, w, keys, max_visible, scores, stream));
+  } else if (max_visible > 0) {
     // About 16k blocks in all at most; larger candidate counts loop inside the blocks.
     const int64_t chunks = (max_visible + kScoreEntries - 1) / kScoreEntries;
     const int64_t per_token = std::max<int64_t>(1, kMaxScoreBlocks / b.num_tokens);

@@ -22,8 +22,13 @@ absl::Status IndexerSelectAll(const IndexerDims& s, const RaggedBatchView& b, in
                               cudaStream_t stream);
 // Scores every visible entry (scores [T, max_visible]) then selects per token; tokens with
 // V_t <= topk and no forced scoring take all their entries. `max_visible` bounds V_t.
+// `tf32`: the scores on TF32 tensor cores (q rounded to TF32, keys read at TF32 precision, the
+// heads summed in another order; the bf16 precision mode's, where q and the keys come from bf16
+// products anyway), needs IndexerTf32Fits; else fp32 FMAs in the reference's order.
 absl::Status IndexerTopK(const IndexerDims& s, const RaggedBatchView& b, const float* q,
-                         const float* w, const float* keys, int64_t max_visible, float* scores,
-                         int32_t* out, cudaStream_t stream);
+                         const float* w, const float* keys, int64_t max_visible, bool tf32,
+                         float* scores, int32_t* out, cudaStream_t stream);
+// Whether the TF32 scoring takes these shapes: index_head_dim 128, 16, 32 or 64 heads.
+bool IndexerTf32Fits(const IndexerDims& s);
 
 }  // namespace dsv4::cuda

@@ -52,6 +52,9 @@ struct MoeKernels {
   // DSV4_MOE_WGMMA: the tiled GEMMs on Hopper warpgroup MMAs (moe_tiled_wgmma.cu); 0: mma.sync
   // with DSV4_MOE_TILE_WARPS warps a tiled block, 8 (warp tiles of rows / 2 x 32) or 4 (x 64).
   bool tile_wgmma = true;
+  // DSV4_MOE_FP8 in precision fp8: MXFP4 experts of tiled steps on FP8 tensor cores with e4m3
+  // activations (moe_tiled_fp8.cu).
+  bool fp8_activations = false;
   int tile_warps = 8;
   // false: bf16 weights take the grouped FMA GEMV of fp32 weights too (the batch-invariant
   // mode's: a token's sums never depend on how many tokens share its expert, which the

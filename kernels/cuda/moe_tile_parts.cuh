@@ -34,13 +34,23 @@ struct TileGemmArgs {
   const int32_t* tile_start;  // token tiles prefix (TileStartKernel)
   int32_t experts;
   int32_t n_tiles;           // weight tiles per expert
-  void* y;                   // gate_up: h bf16 [A, I]; down: y fp32 [A, D] at order[a]
+  void* y;  // gate_up: h bf16 [A, I] (fp32: FP8 kernels); down: y fp32 [A, D] at order[a]
+  // The FP8 kernels' activations (moe_tiled_fp8.cu): x in e4m3 with its 1 x 128 group scales
+  // [K / 128][x8_rows] (QuantizeFp8Groups), rows as for x.
+  const uint8_t* x8 = nullptr;
+  const float* x8_scales = nullptr;
+  int64_t x8_rows = 0;
 };
 
 // The wgmma kernels (moe_tiled_wgmma.cu) for `format`, with token tiles of `tile_rows` (64 or
 // 128), gate_up then down; `assignments` = T * top_k.
 absl::Status RunTiledWgmma(QuantFormat format, int tile_rows, const TileGemmArgs& gu,
                            const TileGemmArgs& dn, int64_t assignments, cudaStream_t stream);
+
+// The FP8 kernels (moe_tiled_fp8.cu): MXFP4 experts expanded to e4m3 in shared memory against
+// e4m3 activations, 64-row token tiles; gate_up writes h in fp32 (quantised between the two).
+absl::Status RunTiledFp8Gemm(bool swiglu, const TileGemmArgs& g, int64_t assignments,
+                             cudaStream_t stream);
 
 namespace {
 

@@ -36,6 +36,7 @@
 #include "kernels/common/cuda_check.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/fp8_activations.h"
 #include "kernels/cuda/moe_mma.cuh"
 #include "kernels/cuda/moe_tile_parts.cuh"
 
@@ -293,8 +294,41 @@ int MoeTiledRows(const ExpertsShape& d, const TiledExpertWeights& gate_up,
   return a >= 128 * d.experts ? 128 : 64;
 }
 
+bool Fp8TiledFits(const ExpertsShape& d, const TiledExpertWeights& gate_up) {
+  return gate_up.format == QuantFormat::kMxfp4 && d.dim % 128 == 0 && d.inter % 128 == 0;
+}
+
+namespace {
+
+// The FP8 path: u to e4m3, gate_up (h in fp32 into w.h), h to e4m3 (into w.gu, unused by the
+// tiled kernels otherwise), down. u8 and its scales take w.xb's room (2 T D bytes).
+absl::Status RunFp8(const ExpertsShape& d, const float* u, GemmArgs gu, GemmArgs dn,
+                    const MoeWorkspace& w, cudaStream_t stream) {
+  const int64_t a = d.tokens * d.top_k;
+  uint8_t* const u8 = reinterpret_cast<uint8_t*>(w.xb);
+  float* const us = reinterpret_cast<float*>(u8 + d.tokens * d.dim);
+  RETURN_IF_ERROR(QuantizeFp8Groups(u, d.tokens, d.dim, d.dim, u8, us, stream));
+  TileStartKernel<<<1, kScanThreads, 0, stream>>>(w.offsets, static_cast<int32_t>(d.experts), 64,
+                                                  w.tile_start);
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  gu.x8 = u8;
+  gu.x8_scales = us;
+  gu.x8_rows = d.tokens;
+  gu.y = w.h;
+  RETURN_IF_ERROR(RunTiledFp8Gemm(true, gu, a, stream));
+  uint8_t* const h8 = reinterpret_cast<uint8_t*>(w.gu);
+  float* const hs = reinterpret_cast<float*>(h8 + a * d.inter);
+  RETURN_IF_ERROR(QuantizeFp8Groups(w.h, a, d.inter, d.inter, h8, hs, stream));
+  dn.x8 = h8;
+  dn.x8_scales = hs;
+  dn.x8_rows = a;
+  return RunTiledFp8Gemm(false, dn, a, stream);
+}
+
+}  // namespace
+
 absl::Status MoeExpertsTiled(const ExpertsShape& d, int tile_rows, bool wgmma, int warps,
-                             const float* u,
+                             bool fp8, const float* u,
                              const float* weights, const TiledExpertWeights& gate_up,
                              const TiledExpertWeights& down, const MoeWorkspace& w, float* out,
                              cudaStream_t stream) {
@@ -307,8 +341,9 @@ absl::Status MoeExpertsTiled(const ExpertsShape& d, int tile_rows, bool wgmma, i
         "MoeExpertsTiled: needs D % 128 == 0, I % 64 == 0, at most 4095 experts and aligned "
         "weights of one format (MoeTiledRows)");
   }
-  RETURN_IF_ERROR(CastToBf16(u, w.xb, d.tokens * d.dim, stream));
-  TileStartKernel<<<1, kScanThreads, 0, stream>>>(w.offsets, static_cast<int32_t>(d.experts),
+  const bool use_fp8 = fp8 && Fp8TiledFits(d, gate_up);
+  if (!use_fp8) RETURN_IF_ERROR(CastToBf16(u, w.xb, d.tokens * d.dim, stream));
+  if (!use_fp8) TileStartKernel<<<1, kScanThreads, 0, stream>>>(w.offsets, static_cast<int32_t>(d.experts),
                                                   tile_rows, w.tile_start);
   CUDA_RETURN_IF_LAUNCH_ERROR();
   bf16* h = reinterpret_cast<bf16*>(w.h);
@@ -334,6 +369,10 @@ absl::Status MoeExpertsTiled(const ExpertsShape& d, int tile_rows, bool wgmma, i
   dn.k_in = d.inter;
   dn.n_tiles = static_cast<int32_t>(d.dim / kTileN);
   dn.y = w.y;
+  if (use_fp8) {
+    RETURN_IF_ERROR(RunFp8(d, u, gu, dn, w, stream));
+    return CombineAssignments(d, w.y, nullptr, weights, out, stream);
+  }
   if (wgmma) {
     RETURN_IF_ERROR(RunTiledWgmma(gate_up.format, tile_rows, gu, dn, d.tokens * d.top_k, stream));
     return CombineAssignments(d, w.y, nullptr, weights, out, stream);

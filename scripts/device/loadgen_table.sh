@@ -4,7 +4,9 @@
 # DSV4_MOE_TILED, values "0 1"): serve slice3 on the GPU worker (synthetic weights in the
 # released formats, bf16, prefix cache off, the default step budget), then `loadgen` over
 # loopback with 1k-token prompts and 128 tokens out at concurrency 1, 16 and 64 (LT_REQUESTS
-# requests, default 128) and 256 (4 x LT_REQUESTS). Log: $OUT/loadgen_table.log.
+# requests, default 128) and 256 (4 x LT_REQUESTS). The node's precision is LT_PRECISION (default
+# bf16; LT_VAR=LT_PRECISION LT_VALUES="bf16 fp8" compares precisions). Log:
+# $OUT/loadgen_table.log.
 set -uo pipefail
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
 B=.gpu/bundle
@@ -19,7 +21,8 @@ run() {
     export "$VAR=$value"
     start_node --device cuda --synthetic-config "$CFG" \
       --tokenizer tests/data/tok-tiny/tokenizer.json --max-model-len 2048 --max-num-seqs 256 \
-      --no-enable-prefix-caching --log-level warning || { rc=1; continue; }
+      --no-enable-prefix-caching --precision "${LT_PRECISION:-bf16}" --log-level warning ||
+      { rc=1; continue; }
     timeout 150 bash $B/run.sh node/dsv4-node loadgen --target "127.0.0.1:$NODE_PORT" \
       --prompt-len 1024 --concurrency 1,16,64 --requests "$N" --max-tokens 128 --vocab 1000 || rc=1
     timeout 150 bash $B/run.sh node/dsv4-node loadgen --target "127.0.0.1:$NODE_PORT" \

@@ -636,6 +636,77 @@ TEST(CudaOps, IndexerTopKUpTo256kCandidates) {
   }
 }
 
+// The bf16 mode's TF32 tensor-core scoring (cuda::IndexerTopK with tf32): the selections against
+// the fp32 reference's at 64 and 32 heads, prefill rows across top-k, long decode contexts and a
+// step of 4-token groups spanning sequences.
+// The scores differ in rounding (TF32 operands, another summation order), so the sets may differ
+// only at the boundary: an entry the GPU takes instead of one of the reference's must score within
+// a TF32 error of the reference's k-th (3e-3 of the token's largest score), and such swaps stay a
+// small share of the selections.
+TEST(CudaOps, IndexerTopKOnTf32TensorCores) {
+  DSV4_REQUIRE_GPU();
+  BackendPair p(Precision::kBF16);
+  const int64_t dI = 128, ratio = 4, per_block = kBlock / ratio, topk = 512;
+  const std::vector<IndexerCase> cases = {
+      {"prefill_across_topk", {{2990, 64}}, topk, false},
+      {"prefill_long", {{7000, 200}, {3000, 7}}, topk, false},
+      {"decode_16k_64k", {{16383, 1}, {65535, 1}, {3000, 1}}, topk, false},
+      // From 512 tokens blocks take 4 tokens; groups here span two and three sequences.
+      {"prefill_grouped", {{2000, 600}, {3000, 3}, {9000, 1}, {100, 41}}, topk, false},
+  };
+  for (int64_t nI : {64, 32}) {
+    for (const IndexerCase& c : cases) {
+      SCOPED_TRACE(::testing::Message() << c.name << " heads=" << nI);
+      p.Begin(c.seqs, kBlock, 1000, c.force);
+      const int64_t T = p.meta.num_tokens;
+      const auto qv = RandomVec(T * nI * dI, 50);
+      const auto wv = RandomVec(T * nI, 51);
+      Both keys = p.Pool(Shape{p.blocks, per_block, dI}, 52);
+      Both q = p.Input(Shape{T, nI, dI}, qv);
+      Both w = p.Input(Shape{T, nI}, wv);
+      Both out = p.Scratch(DType::kI32, Shape{T, c.topk});
+      const IndexerParams ip = IndexerParamsFor(nI, dI, ratio, c.topk);
+      std::vector<int32_t> ref, got;
+      ASSERT_NO_FATAL_FAILURE(RunIndexerTopK(p, ip, q, w, keys, out, &ref, &got));
+      const auto key_host = p.HostC(keys.c);
+      IndexerShape is;
+      is.heads = nI;
+      is.dim = dI;
+      is.ratio = ratio;
+      is.topk = c.topk;
+      is.weight_scale = ip.weight_scale;
+      is.score_scale = ip.score_scale;
+      int64_t swapped = 0, selected = 0;
+      for (int64_t t = 0; t < T; ++t) {
+        const int32_t* r = ref.data() + t * c.topk;
+        const int32_t* g = got.data() + t * c.topk;
+        for (int64_t k = 1; k < c.topk; ++k) {
+          if (g[k] >= 0) {
+            ASSERT_GT(g[k], g[k - 1]) << "token " << t;
+          }
+        }
+        const std::set<int32_t> rs(r, r + c.topk), gs(g, g + c.topk);
+        ASSERT_EQ(rs.size(), gs.size()) << "token " << t;
+        selected += static_cast<int64_t>(rs.size());
+        if (rs == gs) continue;
+        const auto scores = HostScores(is, p.meta, static_cast<int32_t>(t), qv, wv, key_host);
+        float kth = INFINITY, top = 0.0f;
+        for (float v : scores) top = std::max(top, std::fabs(v));
+        for (int32_t e : rs) if (e >= 0) kth = std::min(kth, scores[e]);
+        for (int32_t e : gs) {
+          if (e < 0 || rs.count(e)) continue;
+          ++swapped;
+          EXPECT_NEAR(scores[e], kth, 3e-3f * top) << "token " << t << " entry " << e;
+        }
+      }
+      EXPECT_LT(swapped * 50, selected) << "more than 2% of the selections swapped";
+      std::printf("    %s heads=%lld tokens=%lld boundary swaps=%lld of %lld\n", c.name,
+                  static_cast<long long>(nI), static_cast<long long>(T),
+                  static_cast<long long>(swapped), static_cast<long long>(selected));
+    }
+  }
+}
+
 // Massive exact ties: every key row is one of three patterns, so the scores take three values and
 // the k-th is shared by hundreds of entries. The selection must take every entry above it and
 // then its lowest-index ties, ascending, exactly as the reference, at 750, 2000 and 3000

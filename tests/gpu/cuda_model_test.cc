@@ -82,7 +82,8 @@ constexpr double kGreedyMargin = 0.1;
 
 // bf16 GPU engine against the fp32 CPU engine on a fixture's weights (random prompts): the
 // typical position's logit error and greedy agreement where the fp32 margin is clear.
-void ExpectBf16Close(const std::string& dir, const LoadOptions& load) {
+void ExpectBf16Close(const std::string& dir, const LoadOptions& load,
+                     Precision precision = Precision::kBF16) {
   auto config = LoadModelConfig(dir + "/config.json");
   ASSERT_TRUE(config.ok());
   auto ckpt = Checkpoint::Open(dir);
@@ -92,7 +93,7 @@ void ExpectBf16Close(const std::string& dir, const LoadOptions& load) {
   cache.num_blocks = 40;
   cache.max_model_len = 1024;
   auto cpu = Dsv4Model::Load(*config, **ckpt, std::make_unique<CpuBackend>(), cache);
-  auto gpu = Dsv4Model::Load(*config, **ckpt, *CreateCudaBackend(0, Precision::kBF16), cache, load);
+  auto gpu = Dsv4Model::Load(*config, **ckpt, *CreateCudaBackend(0, precision), cache, load);
   ASSERT_TRUE(cpu.ok() && gpu.ok()) << cpu.status() << gpu.status();
   std::mt19937 rng(5);
   std::vector<std::vector<int32_t>> prompts(4);
@@ -160,15 +161,17 @@ TEST(CudaModel, QuantizedFixtureInBf16WithinTolerance) {
   ExpectBf16Close(testing::TestData("dsv4-tiny-fp8"), Keep(false));
 }
 
-// The same with DSV4_FP8_PREFILL=all: every FP8 product of 9 rows or more whose shapes fit (128 x
+// The same in precision fp8 with DSV4_FP8_ACTIVATION_ROWS=all (the prompts here are chunks of
+// at most 64 tokens, below the 128 rows fp8 starts at): every FP8 product of 9 rows or more whose
+// shapes fit (128 x
 // 128 scale blocks, K and the rows multiples of 16, groups on whole blocks: all but the grouped
 // wo_a here) on FP8 tensor cores with e4m3 activations per 1 x 128 group. The activation-
 // quantised path's error against the fp32 engine, printed, under the bf16 criteria; a product
 // cuBLASLt refuses is reported on stderr and stays on bf16.
 TEST(CudaModel, QuantizedFixtureWithFp8ActivationsWithinTolerance) {
   DSV4_REQUIRE_GPU();
-  const testing::ScopedEnv fp8("DSV4_FP8_PREFILL", "all");
-  ExpectBf16Close(testing::TestData("dsv4-tiny-fp8"), Keep(true));
+  const testing::ScopedEnv rows("DSV4_FP8_ACTIVATION_ROWS", "all");
+  ExpectBf16Close(testing::TestData("dsv4-tiny-fp8"), Keep(true), Precision::kFP8);
 }
 
 // A 3-layer model at the real Flash widths (fewer experts, small vocabulary so that the CPU

@@ -62,16 +62,20 @@ const char* MmaName(Mma m) {
   return m == Mma::kWgmma ? "wgmma" : m == Mma::kSync8 ? "mma.sync x8" : "mma.sync x4";
 }
 
-// GPU (with DSV4_MOE_TILED = `mode` and the kernels `mma`) against the CPU reference for each
-// token count of `c`; returns the GPU outputs in order.
+// GPU (with DSV4_MOE_TILED = `mode` and the kernels `mma`, in `precision`) against the CPU
+// reference for each token count of `c` at `tol` of the output's scale; returns the GPU outputs
+// in order, and in *err the largest error over them as a share of the output's scale.
 std::vector<std::vector<float>> CompareTiled(const char* mode, WeightFormat format,
-                                             const TiledCase& c, uint32_t seed, Mma mma) {
+                                             const TiledCase& c, uint32_t seed, Mma mma,
+                                             Precision precision = Precision::kBF16,
+                                             double tol = 1e-2, double* err = nullptr) {
   std::vector<std::vector<float>> outs;
   const ScopedEnv tiled("DSV4_MOE_TILED", mode);
   const ScopedEnv wgmma("DSV4_MOE_WGMMA", mma == Mma::kWgmma ? "1" : "0");
   const ScopedEnv tile_warps("DSV4_MOE_TILE_WARPS", mma == Mma::kSync4 ? "4" : "8");
-  BackendPair p(Precision::kBF16);
+  BackendPair p(precision);
   EXPECT_TRUE(p.gpu != nullptr);
+  if (err != nullptr) *err = 0;
   if (p.gpu == nullptr) return outs;
   const Experts x = MakeExperts(p, format, c.experts, c.dim, c.inter, seed);
   const MoeWeights wc{x.gate_up.c, x.down.c, Tensor{}, Tensor{}, Tensor{}};
@@ -91,8 +95,17 @@ std::vector<std::vector<float>> CompareTiled(const char* mode, WeightFormat form
     const absl::Status st = p.gpu->MoeExperts(u.g, ix.g, w.g, wg, kLimit, out.g);
     EXPECT_TRUE(st.ok()) << st;
     if (!st.ok()) return outs;
-    EXPECT_TRUE(p.SameAtScale(out, 1e-2));
+    EXPECT_TRUE(p.SameAtScale(out, tol));
     outs.push_back(p.HostAs<float>(*p.gpu, out.g));
+    if (err != nullptr) {
+      const std::vector<float> ref = p.HostC(out.c);
+      double scale = 0, worst = 0;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        scale = std::max(scale, std::fabs(static_cast<double>(ref[i])));
+        worst = std::max(worst, std::fabs(static_cast<double>(outs.back()[i]) - ref[i]));
+      }
+      *err = std::max(*err, scale > 0 ? worst / scale : worst);
+    }
   }
   return outs;
 }
@@ -145,6 +158,37 @@ TEST(CudaMoeTiled, LongPromptsMatchReference) {
   for (Mma m : {Mma::kWgmma, Mma::kSync8}) {
     CompareTiled("1", WeightFormat::kMxfp4, TiledCase{64, 512, 256, 6, {8192}}, 930, m);
     CompareTiled("1", WeightFormat::kMxfp4, TiledCase{256, 512, 256, 6, {2048}}, 940, m);
+  }
+}
+
+// Precision fp8 with DSV4_MOE_FP8=1: MXFP4 experts expanded to e4m3 against u and h in e4m3 per 1 x 128 group, on
+// FP8 tensor cores (moe_tiled_fp8.cu). e4m3 keeps 4 significant bits, so the outputs stay within
+// a few percent of their scale (8e-2 allowed; a wrong scale, group or swizzle is off by far
+// more), and well above the bf16 path's error on the same case: the FP8 kernels ran. Ragged
+// counts and hot routing at small widths, and the Flash widths; the four scale groups of a
+// 128-column block differ (RandomExperts' scales span 2^-8 .. 2^-4), so the per-row e4m3 base
+// is exercised.
+TEST(CudaMoeTiled, Fp8ActivationsStayWithinTheirError) {
+  DSV4_REQUIRE_GPU();
+  const std::vector<TiledCase> cases = {
+      {8, 256, 128, 2, {129, 1000}, false},
+      {8, 256, 128, 2, {1000}, true},
+      {8, 4096, 2048, 6, {300}, false},
+  };
+  uint32_t seed = 950;
+  for (const TiledCase& c : cases) {
+    double bf16_err = 0, fp8_err = 0;
+    CompareTiled("1", WeightFormat::kMxfp4, c, ++seed, Mma::kWgmma, Precision::kBF16, 1e-2,
+                 &bf16_err);
+    {
+      const ScopedEnv moe_fp8("DSV4_MOE_FP8", "1");
+      CompareTiled("1", WeightFormat::kMxfp4, c, seed, Mma::kWgmma, Precision::kFP8, 8e-2,
+                   &fp8_err);
+    }
+    std::printf("    D=%lld I=%lld%s: error at the output's scale bf16 %.3g, fp8 %.3g\n",
+                static_cast<long long>(c.dim), static_cast<long long>(c.inter),
+                c.hot ? " hot" : "", bf16_err, fp8_err);
+    EXPECT_GT(fp8_err, 2 * bf16_err) << "the FP8 kernels did not run";
   }
 }
 

@@ -123,6 +123,12 @@ TEST(WorkerLifecycle, ConfigureNamesTheFieldItRefuses) {
   s = w.Configure(c);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("batch_invariant"), std::string::npos) << s;
+  c = TinyConfig();
+  c.batch_invariant = true;
+  c.precision = "fp8";  // FP8 activations from 128 rows on: rows would depend on the step
+  s = w.Configure(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("fp8"), std::string::npos) << s;
   // A refused config leaves the worker unconfigured: a good one is still taken.
   EXPECT_TRUE(w.Configure(TinyConfig()).ok());
 }

@@ -163,17 +163,33 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     // DSV4_MOE_TILE_WARPS: 8 (default) or 4 warps a tiled block (wider warp tiles).
     ASSIGN_OR_RETURN(const int w, EnvChoice("DSV4_MOE_TILE_WARPS", {"8", "4"}, 0));
     b->moe_kernels_.tile_warps = w == 0 ? 8 : 4;
+    // DSV4_MOE_WGMMA=0: the mma.sync tiled kernels (the A/B baseline of the wgmma ones).
+    ASSIGN_OR_RETURN(b->moe_kernels_.tile_wgmma, EnvBool("DSV4_MOE_WGMMA", true));
   }
-  // DSV4_FP8_PREFILL (an experiment's A/B switch, off by default: it changes the numbers):
-  // 1 puts the FP8 products of steps of >= 128 rows on FP8 tensor cores with e4m3 activations
-  // (1 x 128 power-of-two scales), `all` every FP8 product past the GEMV's 8 rows.
+  // Precision fp8: the FP8 products of prefill-sized steps on FP8 tensor cores with e4m3
+  // activations (the options say; a decision of the coordinator's, equal on every rank).
+  if (options.fp8_activations &&
+      (options.batch_invariant || options.matrix_dtype != DType::kBF16)) {
+    return absl::InvalidArgumentError(
+        "precision fp8 needs bf16 matrices and does not combine with batch_invariant");
+  }
+  // DSV4_FP8_ACTIVATION_ROWS=all (tests and experiments): every FP8 product past the GEMV's rows.
   {
-    ASSIGN_OR_RETURN(const int i, EnvChoice("DSV4_FP8_PREFILL", {"0", "1", "all"}, 0));
-    b->fp8_prefill_rows_ = i == 0 ? 0 : i == 1 ? 128 : cuda::kFp8GemvMaxRows + 1;
-    if (options.batch_invariant || options.matrix_dtype != DType::kBF16) b->fp8_prefill_rows_ = 0;
+    ASSIGN_OR_RETURN(const int i, EnvChoice("DSV4_FP8_ACTIVATION_ROWS", {"128", "all"}, 0));
+    const int64_t rows = i == 0 ? kFp8ActivationRows : cuda::kFp8GemvMaxRows + 1;
+    b->fp8_prefill_rows_ = options.fp8_activations ? rows : 0;
   }
+  // DSV4_INDEXER_TF32=0: the indexer scores with fp32 FMAs in bf16 mode too (the A/B baseline of
+  // the TF32 tensor-core scoring; fp32 mode always takes them, the reference's order).
+  ASSIGN_OR_RETURN(b->indexer_tf32_, EnvBool("DSV4_INDEXER_TF32", true));
+  b->indexer_tf32_ = b->indexer_tf32_ && options.matrix_dtype == DType::kBF16;
   // Batch-invariant mode: the grouped FMA GEMV, whose sums do not depend on the token count.
   b->moe_kernels_.tensor_cores = !options.batch_invariant;
+  // DSV4_MOE_FP8=1 (precision fp8 only; an experiment, off: slower than the bf16 expansion so
+  // far, bench/results/2026-12-03-wgmma-experts): MXFP4 experts of tiled steps on FP8 tensor
+  // cores with e4m3 activations (kernels/cuda/moe_tiled_fp8.cu).
+  ASSIGN_OR_RETURN(const bool moe_fp8, EnvBool("DSV4_MOE_FP8", false));
+  b->moe_kernels_.fp8_activations = options.fp8_activations && moe_fp8;
   // DSV4_HC_DEFER_GATES=0: the boundary kernel computes post and comb itself (the Sinkhorn on
   // the critical path, the A/B baseline of the deferral).
   ASSIGN_OR_RETURN(b->defer_gates_, EnvBool("DSV4_HC_DEFER_GATES", true));
@@ -953,7 +969,7 @@ absl::Status CudaBackend::QuantLinear(const Tensor& x, const Tensor& w, int64_t 
     // cuBLASLt has no FP8 block-scaled algorithm for this shape (nothing was written): the bf16
     // path, now and for the rest of the run.
     fp8_blocks_refused_.insert({groups, group_rows, m.cols});
-    std::fprintf(stderr, "cuda backend: DSV4_FP8_PREFILL: %s; this product stays on bf16\n",
+    std::fprintf(stderr, "cuda backend: FP8 activations: %s; this product stays on bf16\n",
                  std::string(st.message()).c_str());
   }
   const DType wd = bf16 ? DType::kBF16 : DType::kF32;
@@ -993,33 +1009,49 @@ bool CudaBackend::Fp8BlocksFit(const Tensor& x, const Fp8Matrix& m, int64_t grou
          !fp8_blocks_refused_.contains({groups, group_rows, m.cols});
 }
 
-// x [M, groups * K] to e4m3 group by group (x8 [groups][M, K]) with each group's 1 x 128 scales
-// [ceil(K / 128), M] at g * xs_stride, then per group y[:, g * N ..] = x8[g] · W[g * N .., :]ᵀ.
+// x [M, groups * K] to e4m3 group by group (x8 [groups][Mp, K]) with each group's 1 x 128 scales
+// [ceil(K / 128), Mp] at g * xs_stride, then per group y[:, g * N ..] = x8[g] · W[g * N .., :]ᵀ.
+// The rows are padded to Mp, a multiple of 16 (cuBLASLt has no block-scaled algorithm for an
+// M such as 1081, which a chunked prefill step can have): zero activations, zero scales, their
+// outputs in a padded copy of y of which the first M rows are kept.
 absl::Status CudaBackend::Fp8BlockLinear(int bench_op, const Tensor& x, const Fp8Matrix& m,
                                          int64_t groups, int64_t group_rows, Tensor y) {
   const int64_t rows = x.dim(0), k = m.cols, ld = x.dim(1);
-  ASSIGN_OR_RETURN(Tensor x8, OpScratch(DType::kU8, Shape{rows, ld}));
-  // Each group's scales [ceil(K / 128), M] start on a 256-byte boundary (cuBLASLt's alignment).
-  const int64_t kb = (k + 127) / 128, xs_stride = (kb * rows + 63) / 64 * 64;
+  const int64_t mp = (rows + 15) / 16 * 16, ldy = y.dim(1);
+  ASSIGN_OR_RETURN(Tensor x8, OpScratch(DType::kU8, Shape{mp, ld}));
+  // Each group's scales [ceil(K / 128), Mp] start on a 256-byte boundary (cuBLASLt's alignment).
+  const int64_t kb = (k + 127) / 128, xs_stride = (kb * mp + 63) / 64 * 64;
   ASSIGN_OR_RETURN(Tensor xs, OpScratch(DType::kF32, Shape{groups * xs_stride}));
+  Tensor yp = y;
+  if (mp != rows) {
+    ASSIGN_OR_RETURN(yp, OpScratch(DType::kF32, Shape{mp, ldy}));
+  }
   return Launch(bench_op, [&]() -> absl::Status {
+    if (mp != rows) {
+      CUDA_RETURN_IF_ERROR(cudaMemsetAsync(x8.data, 0, x8.nbytes(), cur_stream()));
+      CUDA_RETURN_IF_ERROR(cudaMemsetAsync(xs.data, 0, xs.nbytes(), cur_stream()));
+    }
     // Group by group, so that each group's 1 x 128 scales start at its first column.
     for (int64_t g = 0; g < groups; ++g) {
       RETURN_IF_ERROR(cuda::QuantizeFp8Groups(
-          x.ptr<float>() + g * k, rows, k, ld, static_cast<uint8_t*>(x8.data) + g * rows * k,
-          xs.ptr<float>() + g * xs_stride, cur_stream()));
+          x.ptr<float>() + g * k, rows, k, ld, static_cast<uint8_t*>(x8.data) + g * mp * k,
+          xs.ptr<float>() + g * xs_stride, cur_stream(), mp));
     }
     for (int64_t g = 0; g < groups; ++g) {
       cuda::GemmShape s;
-      s.m = rows;
+      s.m = mp;
       s.n = group_rows;
       s.k = k;
       s.ldx = k;
-      s.ldy = y.dim(1);
+      s.ldy = ldy;
       RETURN_IF_ERROR(gemm().RunFp8Blocks(
-          s, static_cast<const uint8_t*>(x8.data) + g * rows * k, xs.ptr<float>() + g * xs_stride,
+          s, static_cast<const uint8_t*>(x8.data) + g * mp * k, xs.ptr<float>() + g * xs_stride,
           m.w + g * group_rows * k, m.scale + m.ScaleIndex(g * group_rows, 0),
-          y.ptr<float>() + g * group_rows, cur_stream()));
+          yp.ptr<float>() + g * group_rows, cur_stream()));
+    }
+    if (mp != rows) {
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(y.data, yp.data, sizeof(float) * rows * ldy,
+                                           cudaMemcpyDeviceToDevice, cur_stream()));
     }
     return absl::OkStatus();
   });
@@ -1302,7 +1334,8 @@ absl::Status CudaBackend::IndexerTopK(const IndexerParams& p, const Tensor& q,
   const Tensor& scores = step_scores_;
   RETURN_IF_ERROR(Launch(kBenchIndexerTopK, [&] {
     return cuda::IndexerTopK(d, view_, q.ptr<float>(), weights.ptr<float>(), keys.ptr<float>(),
-                             max_visible, scores.ptr<float>(), out.ptr<int32_t>(), stream_.get());
+                             max_visible, indexer_tf32_ && cuda::IndexerTf32Fits(d),
+                             scores.ptr<float>(), out.ptr<int32_t>(), stream_.get());
   }));
   return LeaveEager();
 }

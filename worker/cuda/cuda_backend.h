@@ -53,6 +53,10 @@ struct PiecewiseGraph {
 // (narrow), or each layer's whole attention block (wide; for comparison).
 enum class EagerRegion { kNarrow, kWide };
 
+// The fewest rows of x a product takes FP8 activations at (CudaBackendOptions::fp8_activations):
+// below, the FP8 GEMV (decode) or dequantised bf16 weights; the same on every rank.
+constexpr int64_t kFp8ActivationRows = 128;
+
 struct CudaBackendOptions {
   int device = 0;
   DType matrix_dtype = DType::kBF16;  // kBF16 or kF32
@@ -60,6 +64,11 @@ struct CudaBackendOptions {
   // "Batch-invariant mode"): products through cuda::InvariantGemm, no single-row or split-K
   // kernels, attention without key splits. Slower; for bit-exact reproducibility.
   bool batch_invariant = false;
+  // Products with FP8 block-scaled weights of at least kFp8ActivationRows rows (prefill) on FP8
+  // tensor cores through cuBLASLt, with the activations quantised to e4m3 in 1 x 128 groups
+  // (power-of-two scales, cuda::QuantizeFp8Groups), as DeepSeek's own inference does (precision
+  // fp8; bf16 matrices only, not with batch_invariant).
+  bool fp8_activations = false;
   size_t scratch_block_bytes = 256ull << 20;
 };
 
@@ -206,7 +215,7 @@ class CudaBackend final : public Backend {
   static Fp8Matrix Fp8(const Tensor& w);
   static Mxfp4Matrix Mxfp4(const Tensor& w);
   absl::Status QuantLinear(const Tensor& x, const Tensor& w, int64_t groups, Tensor y);
-  // QuantLinear on FP8 tensor cores (DSV4_FP8_PREFILL): x to e4m3 per 1 x 128 group, then
+  // QuantLinear on FP8 tensor cores (precision fp8): x to e4m3 per 1 x 128 group, then
   // cuBLASLt's block-scaled FP8 GEMM per group; whether these shapes take it.
   bool Fp8BlocksFit(const Tensor& x, const Fp8Matrix& m, int64_t groups, int64_t group_rows) const;
   absl::Status Fp8BlockLinear(int bench_op, const Tensor& x, const Fp8Matrix& m, int64_t groups,
@@ -315,8 +324,11 @@ class CudaBackend final : public Backend {
   // single-token GEMV / fused MoE kernels (kernels/cuda/gemv.h, moe_decode.h)
   bool row_gemv_ = true;
   bool hc_cluster_ = true;  // decode boundaries as one cluster launch (cuda::HcClusterNorm)
-  // DSV4_FP8_PREFILL: FP8 products of at least this many rows on FP8 tensor cores (0: off).
+  // FP8 products of at least this many rows on FP8 tensor cores (0: off; precision fp8).
   int64_t fp8_prefill_rows_ = 0;
+  // The indexer's scores on TF32 tensor cores (bf16 mode; DSV4_INDEXER_TF32=0: the fp32 FMA
+  // kernel, the A/B baseline).
+  bool indexer_tf32_ = false;
   // (groups, N, K) of FP8 products cuBLASLt has no block-scaled algorithm for: the bf16 path.
   std::set<std::tuple<int64_t, int64_t, int64_t>> fp8_blocks_refused_;
   cuda::MoeKernels moe_kernels_;  // the grouped expert kernels allowed (DSV4_MOE_WIDE, _TILED)

@@ -75,6 +75,7 @@ absl::Status CudaWorker::Load(const LoadProgressFn& progress) {
   CudaBackendOptions options;
   options.device = device_;
   options.matrix_dtype = precision_ == Precision::kFP32 ? DType::kF32 : DType::kBF16;
+  options.fp8_activations = precision_ == Precision::kFP8;
   options.batch_invariant = config_.batch_invariant;
   ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::Create(options));
   CudaBackend* be = backend.get();

@@ -21,11 +21,20 @@ DSV4_EXPORT dsv4::Worker* dsv4_create_cuda_worker(int device, absl::Status* stat
   return new dsv4::CudaWorker(device);
 }
 
-DSV4_EXPORT dsv4::Backend* dsv4_create_cuda_backend(int device, int fp32, int batch_invariant,
-                                                     absl::Status* status) {
+DSV4_EXPORT dsv4::Backend* dsv4_create_cuda_backend(int device, int precision,
+                                                     int batch_invariant, absl::Status* status) {
+  using dsv4::Precision;
+  if (precision != static_cast<int>(Precision::kBF16) &&
+      precision != static_cast<int>(Precision::kFP32) &&
+      precision != static_cast<int>(Precision::kFP8)) {
+    *status = absl::InvalidArgumentError("CUDA backend: unknown precision code");
+    return nullptr;
+  }
   dsv4::CudaBackendOptions options;
   options.device = device;
-  options.matrix_dtype = fp32 != 0 ? dsv4::DType::kF32 : dsv4::DType::kBF16;
+  options.matrix_dtype =
+      precision == static_cast<int>(Precision::kFP32) ? dsv4::DType::kF32 : dsv4::DType::kBF16;
+  options.fp8_activations = precision == static_cast<int>(Precision::kFP8);
   options.batch_invariant = batch_invariant != 0;
   auto b = dsv4::CudaBackend::Create(options);
   if (!b.ok()) {

@@ -278,7 +278,7 @@ class Bench final : public Command {
                             double measured_s) const {
     const PrefillCost c = PrefillStepCost(config, batch, prompt_len_, w);
     const double peak = peak_tflops_ > 0 ? peak_tflops_
-                        : gpu             ? (flags_.precision == "bf16" ? 790.0 : 67.0)
+                        : gpu             ? (flags_.precision != "fp32" ? 790.0 : 67.0)
                                           : 0.0;
     std::printf("       prefill: gemm %.2f GFLOP (routed experts %.2f), attention %.2f GFLOP, "
                 "indexer %.2f GFLOP, %.3f GB", c.gemm_flops * 1e-9, c.routed_expert_flops * 1e-9,

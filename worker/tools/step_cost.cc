@@ -6,7 +6,7 @@
 namespace dsv4 {
 
 WeightBytes StepWeightBytes(bool gpu, const std::string& precision, const std::string& format) {
-  const double dense = gpu && precision == "bf16" ? 2.0 : 4.0;
+  const double dense = gpu && precision != "fp32" ? 2.0 : 4.0;
   if (!gpu || format != "auto") return {dense, dense, dense};
   return {dense, 1.0 + 4.0 / (128 * 128), 0.5 + 1.0 / 32};
 }
