@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "common/status.h"
 #include "kernels/common/cuda_check.h"
 #include "kernels/cuda/common.cuh"
 
@@ -230,6 +231,267 @@ __global__ void MixGenericKernel(const float* hs, int64_t tokens, int64_t nd, co
     acc = WarpSum(acc);
     if (lane == 0) parts[(c * tokens + t) * vals + r] = acc;
   }
+}
+
+// ---- the staged mix: prefill-sized batches ----
+//
+// MixKernel keeps one token's float4 per lane in flight (its one-token prefetch; more tokens in
+// registers spill the fn vectors) and meets a barrier per token: at 8k tokens an SM holds a few KB
+// of loads, far below what HBM needs. MixStagedKernel streams the tokens through a ring of
+// kMixStages(kPostN) shared-memory stages of kMixStageTokens tokens each, filled by cp.async
+// (16-byte, L1 bypassed: read once), so tens of KB per SM are in flight without registers, and
+// meets one barrier per stage: the stage's data is then visible to every thread, the previous
+// stage's buffer is free to refill and the previous stage's warp sums are complete (the block
+// sums them in warp order while this stage computes). The warp reduction is WarpMultiSum's
+// butterfly without its selects (XorMultiSum). The same operations on the same values in the same
+// order as MixKernel (Dot4 per lane, the butterfly per value, warps 0..3, the same parts layout),
+// so the same bits; only the schedule differs.
+//
+// kPostN = n (HcPostMix): a block covers 512 columns of each of the n output streams (n groups
+// of 4 warps; group j is MixKernel's block for chunk j·D/512 + blockIdx.x) and stages those
+// columns of the n input streams and f once for all n groups (MixKernel's n blocks each read
+// them: n times the L2 traffic), with post and comb.
+//
+// Measured on the H200 at 8k tokens, n = 4, D = 4096: HcPostMix 0.50 ms (MixKernel 0.88),
+// HcMix 24 rows 0.31 (0.40), 4 rows 0.13 (0.16). At 24 rows the kernel is bound by instruction
+// issue, not HBM (ncu: ~0.76 warps issued a scheduler cycle): a warp-token is ~175 instructions,
+// 100 of them the Dot4s and 60 the butterfly that the bits fix, so ~0.17 ms is its floor against
+// the 0.11 of HBM. Two columns per thread (the first butterfly level in registers: fewer
+// shuffles) and two tokens per warp iteration (more independent chains) measured no faster.
+
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global -> shared, L1 bypassed.
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SharedAddress(smem)), "l"(gmem)
+               : "memory");
+}
+// 4 bytes global -> shared (post and comb: no alignment beyond a float's).
+__device__ __forceinline__ void CpAsync4(void* smem, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(SharedAddress(smem)), "l"(gmem)
+               : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Until at most N of this thread's committed groups are pending.
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// The butterfly of WarpMultiSum without its selects. Register i of `lane` holds value
+// i ^ XorMask<kV>(lane) (the caller computed them in that order: LoadXorRows), so in every
+// halving step each lane keeps its lower registers and sends its upper ones, and what the partner
+// sends is the value kept: the same pairs of lanes add the same partial sums in the same steps
+// (lane l and l ^ 16, then l ^ 8, ...: HalvingStep's pairs), so every value gets WarpMultiSum's
+// bits with kV - 1 (+ 5 - log2 kV) shuffles and adds and no selects (WarpMultiSum spends two
+// selects a shuffle: at 24 rows 124 reduction instructions a token against the Dot4s' 100, here
+// 60). Returns in every lane the total of value XorMask<kV>(lane) = lane >> (5 - log2 kV), as
+// WarpMultiSum.
+template <int kV>
+__device__ __forceinline__ int XorMask(int lane) {
+  return (lane >> (5 - Log2(kV))) & (kV - 1);
+}
+template <int kHalf, int kO, int kV>
+__device__ __forceinline__ void XorHalvingStep(float (&v)[kV]) {
+#pragma unroll
+  for (int i = 0; i < kHalf; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i + kHalf], kO);
+  if constexpr (kHalf > 1) XorHalvingStep<kHalf / 2, kO / 2>(v);
+}
+template <int kV>
+__device__ __forceinline__ float XorMultiSum(float (&v)[kV]) {
+  constexpr int kLog = Log2(kV);
+  static_assert((1 << kLog) == kV && kV <= 32);
+  if constexpr (kV > 1) XorHalvingStep<kV / 2, 16>(v);
+#pragma unroll
+  for (int o = 16 >> kLog; o > 0; o >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+  return v[0];
+}
+
+// The fn rows as XorMultiSum groups without padding: kHi (the largest power of two <= kRows) and
+// kLo = the rest (24 = 16 + 8, 4 = 4 + 0); Σ x² is a group of one (WarpSum: the same butterfly).
+constexpr int HighPow2(int v) {
+  int p = 1;
+  while (p * 2 <= v) p *= 2;
+  return p;
+}
+template <int kRows>
+struct XorRows {
+  static constexpr int kHi = HighPow2(kRows);
+  static constexpr int kLo = kRows - kHi;
+  static_assert(kLo == 0 || Pow2Ceil(kLo) == kLo, "mix rows: a sum of two powers of two");
+};
+
+// The lane's fn vectors at flattened column k in XorMultiSum's register order: w[i] is row
+// i ^ XorMask<kHi>(lane), w[kHi + i] row kHi + (i ^ XorMask<kLo>(lane)). 16-byte aligned, k < nd.
+template <int kRows>
+__device__ __forceinline__ void LoadXorRows(const float* fn, int64_t nd, int64_t k, int lane,
+                                            float4 (&w)[kRows]) {
+  using R = XorRows<kRows>;
+  const int hi = XorMask<R::kHi>(lane);
+#pragma unroll
+  for (int i = 0; i < R::kHi; ++i) {
+    w[i] = *reinterpret_cast<const float4*>(fn + (i ^ hi) * nd + k);
+  }
+  if constexpr (R::kLo > 0) {
+    const int lo = XorMask<R::kLo>(lane);
+#pragma unroll
+    for (int i = 0; i < R::kLo; ++i) {
+      w[R::kHi + i] = *reinterpret_cast<const float4*>(fn + (R::kHi + (i ^ lo)) * nd + k);
+    }
+  }
+}
+
+// One XorMultiSum group: rows [g0, g0 + kV) of LoadXorRows' vectors dotted with x (Dot4) and
+// reduced; lane % (32 / kV) == 0 stores value lane / (32 / kV)'s total to red[g0 + that].
+template <int kV, int kRows>
+__device__ __forceinline__ void MixGroupXor(const float4 (&w)[kRows], float4 x, int g0,
+                                            int lane, float* red) {
+  float v[kV];
+#pragma unroll
+  for (int i = 0; i < kV; ++i) v[i] = Dot4(w[g0 + i], x);
+  const float s = XorMultiSum<kV>(v);
+  if (lane % (32 / kV) == 0) red[g0 + lane / (32 / kV)] = s;
+}
+
+// WarpMix on LoadXorRows' vectors: the warp's totals of the kRows rows and of Σ x² (the same
+// Dot4s and trees as WarpMix) stored to red[0..kRows], each by one lane.
+template <int kRows>
+__device__ __forceinline__ void WarpMixXor(const float4 (&w)[kRows], float4 x, int lane,
+                                           float* red) {
+  using R = XorRows<kRows>;
+  MixGroupXor<R::kHi, kRows>(w, x, 0, lane, red);
+  if constexpr (R::kLo > 0) MixGroupXor<R::kLo, kRows>(w, x, R::kHi, lane, red);
+  const float sq = WarpSum(Dot4(x, x));
+  if (lane == 0) red[kRows] = sq;
+}
+
+constexpr int kMixStageTokens = 4;  // tokens a stage, and a barrier
+// Ring depth: HcMix's 128-thread blocks (128 registers: the fn vectors) run 4 an SM, 4 stages of
+// 2 KB tokens (36 KB of shared memory, up to 24 KB in flight a block, 96 KB an SM); HcPostMix's
+// 512-thread block runs alone on its SM, 3 stages of 10 KB tokens (134 KB, up to 80 KB in
+// flight).
+constexpr int MixStages(int post_n) { return post_n > 0 ? 3 : 4; }
+constexpr int MixGroups(int post_n) { return post_n > 0 ? post_n : 1; }
+// A token's slot in a stage, in float4: the block's 512 columns of hs; with kPostN, of the n input
+// streams and f, then post [n] and comb [n, n].
+constexpr int MixSlotF4(int post_n) {
+  return post_n > 0 ? (post_n + 1) * (kMixChunk / 4) + (post_n + post_n * post_n + 3) / 4
+                    : kMixChunk / 4;
+}
+template <int kRows, int kPostN>
+constexpr size_t MixStagedSmem() {
+  return sizeof(float4) * MixStages(kPostN) * kMixStageTokens * MixSlotF4(kPostN) +
+         sizeof(float) * 2 * kMixStageTokens * MixGroups(kPostN) * kMixWarps * (kRows + 1);
+}
+
+// Token t's slot: the block's columns [col0, col0 + 512) (of every stream with kPostN), one
+// cp.async per thread and float4 (tid < 128 also f's, 20 threads post's and comb's floats).
+template <int kPostN>
+__device__ __forceinline__ void StageMixToken(float4* slot, const float* hs, int64_t nd,
+                                              const PostArgs& pa, int64_t t, int64_t col0) {
+  constexpr int kF4 = kMixChunk / 4;
+  const int tid = threadIdx.x;
+  if constexpr (kPostN == 0) {
+    CpAsync16(slot + tid, hs + t * nd + col0 + tid * 4);
+  } else {
+    const int s = tid / kF4, c4 = tid % kF4;
+    CpAsync16(slot + tid, pa.hs + (t * kPostN + s) * pa.dim + col0 + c4 * 4);
+    if (tid < kF4) CpAsync16(slot + kPostN * kF4 + tid, pa.f + t * pa.dim + col0 + tid * 4);
+    const int e = tid - kF4;
+    if (e >= 0 && e < kPostN + kPostN * kPostN) {
+      float* pc = reinterpret_cast<float*>(slot + (kPostN + 1) * kF4);
+      CpAsync4(pc + e, e < kPostN ? pa.post + t * kPostN + e
+                                  : pa.comb + t * kPostN * kPostN + (e - kPostN));
+    }
+  }
+}
+
+// The thread's float4 of token t's flattened row from its slot (float4 c4 of the 512 columns):
+// hs as staged, or with kPostN output stream j computed (PostCombine, as MixKernel) and stored
+// to pa.out at flattened column k.
+template <int kPostN>
+__device__ __forceinline__ float4 MixInput(const float4* slot, const PostArgs& pa, int64_t t,
+                                           int j, int c4, int64_t nd, int64_t k) {
+  constexpr int kF4 = kMixChunk / 4;
+  if constexpr (kPostN == 0) {
+    return slot[c4];
+  } else {
+    float4 x[kPostN];
+#pragma unroll
+    for (int s = 0; s < kPostN; ++s) x[s] = slot[s * kF4 + c4];
+    const float4 ft = slot[kPostN * kF4 + c4];
+    const float* pc = reinterpret_cast<const float*>(slot + (kPostN + 1) * kF4);
+    const float4 y = PostCombine<kPostN>(pc[j], ft, x, pc + kPostN, j);
+    *reinterpret_cast<float4*>(pa.out + t * nd + k) = y;
+    return y;
+  }
+}
+
+// Block (x, y): columns [x·512, x·512 + 512) (of each output stream with kPostN) for tokens
+// [y·tpb, (y+1)·tpb); thread (group j, warp q, lane) is MixKernel's thread (q, lane) of chunk
+// x (kPostN: j·D/512 + x). Needs 16-byte aligned operands, nd % 512 == 0 (kPostN: D % 512 == 0).
+template <int kRows, int kPostN>
+__global__ void __launch_bounds__(kMixThreads * MixGroups(kPostN))
+    MixStagedKernel(const float* hs, int64_t tokens, int64_t nd, const float* fn, int64_t tpb,
+                    PostArgs pa, float* parts) {
+  constexpr int kWarps = MixGroups(kPostN) * kMixWarps, kVals = kRows + 1;
+  constexpr int kS = kMixStageTokens, kStages = MixStages(kPostN), kSlot = MixSlotF4(kPostN);
+  PdlTrigger();
+  extern __shared__ float4 mix_ring[];  // [kStages][kS] slots, then red [2][kS][kWarps][kVals]
+  float* const red = reinterpret_cast<float*>(mix_ring + kStages * kS * kSlot);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int j = warp / kMixWarps;             // output stream (kPostN), else 0
+  const int c4 = threadIdx.x % kMixThreads;   // the thread's float4 of the 512 columns
+  const int64_t col0 = int64_t{blockIdx.x} * kMixChunk;
+  const int64_t k = (kPostN > 0 ? j * pa.dim : 0) + col0 + c4 * 4;  // flattened column
+  // fn is a weight: loaded before the PDL wait (as MixKernel), the streams only after it.
+  float4 w[kRows];
+  LoadXorRows<kRows>(fn, nd, k, lane, w);
+  PdlWait();
+  const int64_t t0 = int64_t{blockIdx.y} * tpb, t1 = std::min(tokens, t0 + tpb);
+  const int stages = static_cast<int>((t1 - t0 + kS - 1) / kS);
+  auto issue = [&](int s) {  // one commit group per stage, empty past the end
+    if (s < stages) {
+      for (int u = 0; u < kS && t0 + s * kS + u < t1; ++u) {
+        StageMixToken<kPostN>(mix_ring + ((s % kStages) * kS + u) * kSlot, hs, nd, pa,
+                              t0 + s * kS + u, col0);
+      }
+    }
+    CpAsyncCommit();
+  };
+  // Stage s's parts: warps 0..3 of each group summed in order (MixKernel's cross-warp sum).
+  auto flush = [&](int s) {
+    const float* rs = red + (s & 1) * kS * kWarps * kVals;
+    for (int e = threadIdx.x; e < MixGroups(kPostN) * kS * kVals; e += blockDim.x) {
+      const int g = e / (kS * kVals), u = (e / kVals) % kS, r = e % kVals;
+      const int64_t t = t0 + s * kS + u;
+      if (t >= t1) continue;
+      const float* p = rs + (u * kWarps + g * kMixWarps) * kVals + r;
+      float a = p[0];
+#pragma unroll
+      for (int q = 1; q < kMixWarps; ++q) a += p[q * kVals];
+      const int64_t c = kPostN > 0 ? g * (pa.dim / kMixChunk) + blockIdx.x : blockIdx.x;
+      parts[(c * tokens + t) * kVals + r] = a;
+    }
+  };
+  for (int s = 0; s < kStages - 1; ++s) issue(s);
+  for (int s = 0; s < stages; ++s) {
+    CpAsyncWait<kStages - 2>();  // this thread's copies of stage s
+    __syncthreads();             // everyone's; stage s - 1 read and its warp sums written
+    issue(s + kStages - 1);      // into stage s - 1's buffer
+    if (s > 0) flush(s - 1);
+    const float4* slot = mix_ring + (s % kStages) * kS * kSlot;
+    float* rs = red + (s & 1) * kS * kWarps * kVals + warp * kVals;
+    for (int u = 0; u < kS && t0 + s * kS + u < t1; ++u) {
+      const float4 x = MixInput<kPostN>(slot + u * kSlot, pa, t0 + s * kS + u, j, c4, nd, k);
+      WarpMixXor<kRows>(w, x, lane, rs + u * kWarps * kVals);
+    }
+  }
+  __syncthreads();
+  if (stages > 0) flush(stages - 1);
 }
 
 // ---- gates, Sinkhorn, collapse ----
@@ -496,6 +758,51 @@ __global__ void __launch_bounds__(1024)
   if (i < n4) reinterpret_cast<float4*>(normed + t * d.dim)[i] = o;
 }
 
+// HcFinalNormKernel<kN, true> for the deferred form (gates), one block per token instead of two:
+// HcFinalNormKernel's second block per token (blockIdx.y = 1) only sums the mix values for the
+// Sinkhorn and writes them to gates, yet holds an SM's worth of threads as long as the first,
+// and the Sinkhorn's code takes the kernel to 53 registers (one 1024-thread block an SM). Here
+// the block sums every value (the same PartSums, its warps in parallel: no longer than the five
+// the collapse needs), writes them to gates and goes on to the collapse and norm; without the
+// Sinkhorn it fits 32 registers, two blocks an SM, whose phases interleave (at 8k tokens, n = 4,
+// D = 4096 on the H200: 0.20 ms against 0.42, HBM ~0.14). The same operations on the same
+// values, so the same bits.
+template <int kN>
+__global__ void __launch_bounds__(1024, 2)
+    HcFinalNormGatesKernel(HcDims d, const float* hs, const float* mix_parts, int64_t nparts,
+                           const float* base, const float* scale, const float* norm_w,
+                           float rms_eps, float* normed, float* gates) {
+  PdlTrigger();
+  PdlWait();
+  constexpr int kRows = (2 + kN) * kN;
+  constexpr int kVals = kRows + 1;
+  __shared__ float vals[kVals];
+  __shared__ double scratch[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int64_t t = blockIdx.x;
+  for (int q = warp; q < kVals; q += warps) {
+    const float s = PartSum(mix_parts, nparts, d.tokens, t, kVals, q, lane);
+    if (lane == 0) vals[q] = s;
+  }
+  __syncthreads();
+  const float inv_mix = MixInverse<kN>(vals[kRows], d);
+  for (int r = threadIdx.x; r < kVals; r += blockDim.x) gates[t * kVals + r] = vals[r];
+  float pre[kN];
+  PreGates<kN>(vals, inv_mix, base, scale, d.hc_eps, pre);
+  const int64_t nd = kN * d.dim;
+  const int i = threadIdx.x;
+  const int n4 = static_cast<int>(d.dim >> 2);
+  float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+  float4 wv = make_float4(1.f, 1.f, 1.f, 1.f);
+  if (i < n4) {
+    a = Collapse4<kN>(pre, hs + t * nd, d.dim, int64_t{i} * 4);
+    if (norm_w != nullptr) wv = reinterpret_cast<const float4*>(norm_w)[i];
+  }
+  const float4 o = RmsNormalize4(a, wv, norm_w != nullptr, static_cast<int>(d.dim), rms_eps,
+                                 scratch);
+  if (i < n4) reinterpret_cast<float4*>(normed + t * d.dim)[i] = o;
+}
+
 // post and comb of token t = blockIdx.x from the summed mix values a final kernel left in gates
 // [T, (2+n)n + 1] (HcPreNorm's deferred form): FinalGates' scale and PostAndComb on one warp,
 // the same operations on the same values, so the same bits.
@@ -731,14 +1038,65 @@ cudaError_t LaunchMix(const float* hs, int64_t tokens, int64_t nd, const float* 
                    fn, tpb, vec, pa, parts);
 }
 
+// The staged mix's launch shape, by the work W = tokens × column blocks (token-chunks; column
+// blocks: nd / 512, with HcPost D / 512), as measured on the H200 at D = 4096 and 1024 (64 to 8k
+// tokens): tokens per block ~W / target (blocks ~target: 512 of the 128-thread 24-row blocks,
+// ~one wave of the 512-thread HcPost blocks, 2048 of the light 4-row ones), a whole number of
+// stages, at most max_tpb (each block loads its fn vectors once: 48 KB a chunk at 24 rows, so
+// longer groups cost less L2 traffic); the staged kernel from min_work on, where it was faster
+// than MixKernel (below it MixKernel's smaller blocks spread further; both give the same bits).
+struct MixStagedShape {
+  int64_t target, max_tpb, min_work;
+};
+constexpr MixStagedShape MixStagedShapeOf(int rows, int post_n) {
+  return post_n > 0 ? MixStagedShape{128, 256, 512}
+                    : rows > 4 ? MixStagedShape{512, 128, 4096} : MixStagedShape{2048, 16, 8192};
+}
+
+// Whether MixStagedKernel<kRows, kPostN> covers the shape: whole 512-column chunks (of each
+// stream with HcPost, `cols` = D; else nd), aligned (vec), enough work.
+template <int kRows, int kPostN>
+bool MixStagedFits(int64_t tokens, int64_t cols, bool vec) {
+  return vec && cols % kMixChunk == 0 &&
+         tokens * (cols / kMixChunk) >= MixStagedShapeOf(kRows, kPostN).min_work;
+}
+
+// MixStagedKernel<kRows, kPostN> over (column blocks, token groups) as MixStagedShapeOf says.
+// Depends on the shape only (graph capture). The dynamic shared memory is a constant of the
+// instantiation (the attribute, set before every launch, never shrinks under a captured graph).
+template <int kRows, int kPostN>
+absl::Status LaunchMixStaged(const float* hs, int64_t tokens, int64_t nd, const float* fn,
+                             const PostArgs& pa, float* parts, cudaStream_t stream) {
+  constexpr MixStagedShape kShape = MixStagedShapeOf(kRows, kPostN);
+  const int64_t col_blocks = (kPostN > 0 ? pa.dim : nd) / kMixChunk;
+  int64_t tpb = (tokens * col_blocks + kShape.target - 1) / kShape.target;
+  tpb = std::clamp<int64_t>((tpb + kMixStageTokens - 1) / kMixStageTokens * kMixStageTokens,
+                            kMixStageTokens, kShape.max_tpb);
+  constexpr size_t kSmem = MixStagedSmem<kRows, kPostN>();
+  auto kernel = MixStagedKernel<kRows, kPostN>;
+  CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(kSmem)));
+  CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+      kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+  const dim3 grid(static_cast<unsigned>(col_blocks),
+                  static_cast<unsigned>((tokens + tpb - 1) / tpb));
+  CUDA_RETURN_IF_ERROR(LaunchPdl(kernel, grid, dim3(kMixThreads * MixGroups(kPostN)), kSmem,
+                                 stream, hs, tokens, nd, fn, tpb, pa, parts));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status HcMix(const float* hs, int64_t tokens, int64_t nd, const float* fn, int64_t rows,
-                   float* parts, cudaStream_t stream) {
+                   float* parts, cudaStream_t stream, bool staged) {
   if (tokens == 0) return absl::OkStatus();
   if (rows < 1 || rows > kMaxMix) return absl::InvalidArgumentError("HcMix: bad row count");
   const bool vec = nd % 4 == 0 && Aligned16(hs) && Aligned16(fn);
-  if (rows == 24) {
+  if (staged && rows == 24 && MixStagedFits<24, 0>(tokens, nd, vec)) {
+    RETURN_IF_ERROR((LaunchMixStaged<24, 0>(hs, tokens, nd, fn, PostArgs{}, parts, stream)));
+  } else if (staged && rows == 4 && MixStagedFits<4, 0>(tokens, nd, vec)) {
+    RETURN_IF_ERROR((LaunchMixStaged<4, 0>(hs, tokens, nd, fn, PostArgs{}, parts, stream)));
+  } else if (rows == 24) {
     CUDA_RETURN_IF_ERROR((LaunchMix<24, 0>(hs, tokens, nd, fn, vec, PostArgs{}, parts, stream)));
   } else if (rows == 4) {
     CUDA_RETURN_IF_ERROR((LaunchMix<4, 0>(hs, tokens, nd, fn, vec, PostArgs{}, parts, stream)));
@@ -772,15 +1130,20 @@ bool HcPostMixFits(const HcDims& d, int64_t rows, const float* hs, const float* 
 
 absl::Status HcPostMix(const HcDims& d, const float* hs, const float* f, const float* post,
                        const float* comb, float* out, const float* fn, int64_t rows, float* parts,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, bool staged) {
   if (!HcPostMixFits(d, rows, hs, f, out, fn)) {
     return absl::InvalidArgumentError(
         "HcPostMix: needs hc_mult 4, 24 mix rows, D % 4 == 0 and 16-byte aligned operands");
   }
   if (d.tokens == 0) return absl::OkStatus();
   const PostArgs pa = PostArgsOf(HcPostIn{hs, f, post, comb}, d.dim, out);
-  CUDA_RETURN_IF_ERROR(
-      (LaunchMix<24, 4>(out, d.tokens, d.n * d.dim, fn, /*vec=*/true, pa, parts, stream)));
+  if (staged && MixStagedFits<24, 4>(d.tokens, d.dim, /*vec=*/true)) {
+    RETURN_IF_ERROR(
+        (LaunchMixStaged<24, 4>(out, d.tokens, d.n * d.dim, fn, pa, parts, stream)));
+  } else {
+    CUDA_RETURN_IF_ERROR(
+        (LaunchMix<24, 4>(out, d.tokens, d.n * d.dim, fn, /*vec=*/true, pa, parts, stream)));
+  }
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
@@ -792,11 +1155,44 @@ bool HcNormFits(const HcDims& d, const float* hs, const float* normed, const flo
 
 namespace {
 
+// From this many tokens HcPreNorm's deferred form takes HcFinalNormGatesKernel (measured: fewer
+// ran as fast or a little faster in HcFinalNormKernel's two blocks per token; same bits).
+constexpr int64_t kFinalGatesMinTokens = 64;
+
+// HcFinalNormGatesKernel<N> for the runtime n: one block per token, as HcFinalNormKernel's.
+absl::Status LaunchFinalNormGates(const HcDims& d, const float* hs, const float* mix_parts,
+                                  int64_t parts, const float* base, const float* scale,
+                                  const float* norm_w, float rms_eps, float* normed, float* gates,
+                                  cudaStream_t stream) {
+  const int threads = static_cast<int>(((d.dim / 4) + 31) / 32 * 32);
+  cudaError_t err = cudaErrorInvalidValue;  // n outside [1, 8] (HcNormFits)
+  switch (d.n) {
+#define DSV4_HC_FINAL_GATES(N)                                                                  \
+  case N:                                                                                       \
+    err = LaunchPdl(HcFinalNormGatesKernel<N>, dim3(static_cast<unsigned>(d.tokens)),           \
+                    dim3(threads), 0, stream, d, hs, mix_parts, parts, base, scale, norm_w,     \
+                    rms_eps, normed, gates);                                                    \
+    break;
+    DSV4_HC_FINAL_GATES(1)
+    DSV4_HC_FINAL_GATES(2)
+    DSV4_HC_FINAL_GATES(3)
+    DSV4_HC_FINAL_GATES(4)
+    DSV4_HC_FINAL_GATES(5)
+    DSV4_HC_FINAL_GATES(6)
+    DSV4_HC_FINAL_GATES(7)
+    DSV4_HC_FINAL_GATES(8)
+#undef DSV4_HC_FINAL_GATES
+  }
+  CUDA_RETURN_IF_ERROR(err);
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
 template <bool kPre>
 absl::Status LaunchFinalNorm(const HcDims& d, const float* hs, const float* mix_parts,
                              int64_t parts, const float* base, const float* scale,
                              const float* norm_w, float rms_eps, float* normed, float* post,
-                             float* comb, float* gates, cudaStream_t stream) {
+                             float* comb, float* gates, bool staged, cudaStream_t stream) {
   if (!HcNormFits(d, hs, normed, norm_w)) {
     return absl::InvalidArgumentError(
         "HcPreNorm/HcHeadNorm: needs hc_mult in [1, 8], D % 4 == 0, D <= 4096 and 16-byte "
@@ -806,6 +1202,10 @@ absl::Status LaunchFinalNorm(const HcDims& d, const float* hs, const float* mix_
     return absl::InvalidArgumentError("HcPreNorm: needs gates, or post and comb");
   }
   if (d.tokens == 0) return absl::OkStatus();
+  if (kPre && staged && gates != nullptr && d.tokens >= kFinalGatesMinTokens) {
+    return LaunchFinalNormGates(d, hs, mix_parts, parts, base, scale, norm_w, rms_eps, normed,
+                                gates, stream);
+  }
   const int threads = static_cast<int>(((d.dim / 4) + 31) / 32 * 32);
   cudaError_t err = cudaErrorInvalidValue;  // n outside [1, 8] (HcNormFits)
   switch (d.n) {
@@ -836,9 +1236,9 @@ absl::Status LaunchFinalNorm(const HcDims& d, const float* hs, const float* mix_
 absl::Status HcPreNorm(const HcDims& d, const float* hs, const float* mix_parts, int64_t parts,
                        const float* base, const float* scale, const float* norm_w, float rms_eps,
                        float* normed, float* post, float* comb, float* gates,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, bool staged) {
   return LaunchFinalNorm<true>(d, hs, mix_parts, parts, base, scale, norm_w, rms_eps, normed,
-                               post, comb, gates, stream);
+                               post, comb, gates, staged, stream);
 }
 
 int64_t HcGateValues(int64_t n) { return (2 + n) * n + 1; }
@@ -872,7 +1272,7 @@ absl::Status HcHeadNorm(const HcDims& d, const float* hs, const float* mix_parts
                         const float* base, const float* scale, const float* norm_w,
                         float rms_eps, float* y, cudaStream_t stream) {
   return LaunchFinalNorm<false>(d, hs, mix_parts, parts, base, scale, norm_w, rms_eps, y,
-                                nullptr, nullptr, nullptr, stream);
+                                nullptr, nullptr, nullptr, /*staged=*/false, stream);
 }
 
 absl::Status HcPre(const HcDims& d, const float* hs, const float* mix_parts, int64_t parts,

@@ -17,10 +17,18 @@ using HcDims = ::dsv4::HcShape;
 // HcPre, n for HcHead) as HcMixParts(T, nd) split-K partial sums [parts, T, rows + 1], the last
 // column holding the partial Σ hs² of the RMS norm. HcPre / HcHead sum the parts in a fixed order
 // (deterministic) and apply the RMS scale. HcMix serves every T.
+// `staged` (HcMix, HcPostMix, HcPreNorm), the A/B switch: true (the default) runs the faster
+// prefill kernels where they apply: the mix streams the tokens through a cp.async shared-memory
+// ring (24 or 4 rows, 16-byte aligned, nd (HcPostMix: D) a multiple of 512, tokens × nd / 512
+// (HcPostMix: × D / 512) from 4096 (HcMix 24 rows), 8192 (4 rows), 512 (HcPostMix): mhc.cu's
+// MixStagedShapeOf); HcPreNorm's deferred form (gates), from 64 tokens, sums every mix value in
+// the token's one block (no second block per token). false runs the previous kernels at every
+// shape. Both give the same bits for every input (the same float operations in the same
+// order), so a token's result depends neither on the batch nor on the switch.
 constexpr int64_t kHcMixMaxTokens = 16;  // no longer a limit of HcMix; kept for source compatibility
 int64_t HcMixParts(int64_t tokens, int64_t nd);
 absl::Status HcMix(const float* hs, int64_t tokens, int64_t nd, const float* fn, int64_t rows,
-                   float* parts, cudaStream_t stream);
+                   float* parts, cudaStream_t stream, bool staged = true);
 // collapsed [T, D], post [T, n], comb [T, n, n] from hs [T, n, D] (n <= 8).
 absl::Status HcPre(const HcDims& d, const float* hs, const float* mix_parts, int64_t parts,
                    const float* base,
@@ -37,7 +45,7 @@ bool HcPostMixFits(const HcDims& d, int64_t rows, const float* hs, const float* 
                    const float* out, const float* fn);
 absl::Status HcPostMix(const HcDims& d, const float* hs, const float* f, const float* post,
                        const float* comb, float* out, const float* fn, int64_t rows, float* parts,
-                       cudaStream_t stream);
+                       cudaStream_t stream, bool staged = true);
 // HcPre / HcHead followed by the RMSNorm of their output (norm_w [D] or null, eps rms_eps), one
 // block per token: normed = RmsNorm(collapsed), bit-identical to the two kernels; collapsed
 // itself is not written. HcNormFits: D % 4 == 0, D <= 4096, 16-byte aligned.
@@ -49,7 +57,7 @@ bool HcNormFits(const HcDims& d, const float* hs, const float* normed, const flo
 absl::Status HcPreNorm(const HcDims& d, const float* hs, const float* mix_parts, int64_t parts,
                        const float* base, const float* scale, const float* norm_w, float rms_eps,
                        float* normed, float* post, float* comb, float* gates,
-                       cudaStream_t stream);
+                       cudaStream_t stream, bool staged = true);
 int64_t HcGateValues(int64_t n);
 absl::Status HcGates(const HcDims& d, const float* gates, const float* base, const float* scale,
                      float* post, float* comb, cudaStream_t stream);

@@ -475,6 +475,110 @@ TEST(CudaOps, HyperConnectionNormsAtOtherWidths) {
   }
 }
 
+// The host inputs of a prefill step's hyper-connection boundaries at hc_mult 4 (random, as in
+// the tests above).
+struct HcStepInputs {
+  int64_t T = 0, D = 0, n = 4;
+  std::vector<float> hs, f, post, comb, fn, base, scale, nw, hfn, hbase;
+};
+HcStepInputs MakeHcStepInputs(int64_t T, int64_t D) {
+  HcStepInputs in;
+  in.T = T;
+  in.D = D;
+  const int64_t n = in.n, mix = (2 + n) * n;
+  const float a = 1.0f / std::sqrt(static_cast<float>(n * D));
+  in.hs = RandomVec(T * n * D, 61, -2, 2);
+  in.f = RandomVec(T * D, 62);
+  in.post = RandomVec(T * n, 63, 0.2f, 1.8f);
+  in.comb = RandomVec(T * n * n, 64, 0.0f, 0.5f);
+  in.fn = RandomVec(mix * n * D, 65, -a, a);
+  in.base = RandomVec(mix, 66, -0.5f, 0.5f);
+  in.scale = RandomVec(3, 67, 0.5f, 1.5f);
+  in.nw = RandomVec(D, 68, 0.5f, 1.5f);
+  in.hfn = RandomVec(n * n * D, 69, -a, a);
+  in.hbase = RandomVec(n, 70, -0.5f, 0.5f);
+  return in;
+}
+
+// The GPU outputs of the boundaries on pair p: the fused boundary (HcPostPreNorm: the streams it
+// writes, the normalised row, post and comb), the first boundary (HcPreNorm) and the head
+// (HcHeadNorm). With `reference`, the fused boundary is also checked against the CPU.
+std::vector<std::vector<float>> RunHcStep(BackendPair& p, const HcStepInputs& in,
+                                          bool reference) {
+  p.Begin({{0, static_cast<int32_t>(in.T)}}, kBlock);
+  const int64_t T = in.T, n = in.n, D = in.D, mix = (2 + n) * n;
+  Both hs = p.Input(Shape{T, n, D}, in.hs);
+  Both f = p.Input(Shape{T, D}, in.f);
+  Both post = p.Input(Shape{T, n}, in.post);
+  Both comb = p.Input(Shape{T, n, n}, in.comb);
+  Both fn = p.Weight(Shape{mix, n * D}, in.fn);
+  Both base = p.Weight(Shape{mix}, in.base);
+  Both scale = p.Weight(Shape{3}, in.scale);
+  Both nw = p.Weight(Shape{D}, in.nw);
+  HcGateNorm gg{fn.g, base.g, scale.g, HcParams{}, nw.g, RmsNormParams{}};
+  Both hs_out = p.Scratch(DType::kF32, Shape{T, n, D});
+  Both normed = p.Scratch(DType::kF32, Shape{T, D});
+  const absl::Status st = p.gpu->HcPostPreNorm(hs.g, f.g, post.g, comb.g, hs_out.g, gg, normed.g,
+                                               post.g, comb.g);
+  EXPECT_TRUE(st.ok()) << st;
+  std::vector<std::vector<float>> out = {p.HostG(hs_out.g), p.HostG(normed.g), p.HostG(post.g),
+                                         p.HostG(comb.g)};
+  if (reference) {
+    HcGateNorm gc{fn.c, base.c, scale.c, HcParams{}, nw.c, RmsNormParams{}};
+    EXPECT_TRUE(p.cpu.HcPostPreNorm(hs.c, f.c, post.c, comb.c, hs_out.c, gc, normed.c, post.c,
+                                    comb.c).ok());
+    EXPECT_TRUE(p.Same(hs_out, 1e-4, 1e-4));
+    EXPECT_TRUE(p.Same(normed, 1e-4, 1e-4));
+    EXPECT_TRUE(p.Same(post, 1e-5, 1e-4));
+    EXPECT_TRUE(p.Same(comb, 1e-5, 1e-4));
+  }
+  // The first boundary of a step on the streams just written, and the head's gate + norm.
+  EXPECT_TRUE(p.gpu->HcPreNorm(hs_out.g, gg, normed.g, post.g, comb.g).ok());
+  for (const Both* t : {&normed, &post, &comb}) out.push_back(p.HostG(t->g));
+  Both hfn = p.Weight(Shape{n, n * D}, in.hfn);
+  Both hbase = p.Weight(Shape{n}, in.hbase);
+  Both hscale = p.Weight(Shape{1}, {0.8f});
+  Both y = p.Scratch(DType::kF32, Shape{T, D});
+  EXPECT_TRUE(
+      p.gpu->HcHeadNorm(hs_out.g, {hfn.g, hbase.g, hscale.g, HcParams{}, nw.g, {}}, y.g).ok());
+  out.push_back(p.HostG(y.g));
+  return out;
+}
+
+// The staged prefill kernels (cuda::HcMix, HcPostMix and HcPreNorm with staged = true, the
+// default) against the previous kernels (a backend created with DSV4_HC_STAGED=0, which passes
+// staged = false): the same bytes from every boundary of a step (the fused boundary, the first
+// boundary, the head and its 4-row mix), at 7 tokens (both run the previous kernels, or the
+// cluster launch), 129 and 1000 (partial stages and token groups; at D = 1024 and 129 tokens
+// only HcPreNorm's one-block kernel is staged) at D = 4096 and 1024, and 4096 (whole groups) at
+// D = 1024; and the staged fused boundary against the CPU reference. The mix parts stay inside
+// the backend: every output is computed from them (the normalised row from the pre gates and
+// Σ hs², post and comb from all the others), so parts that differ show as different bytes here.
+TEST(CudaOps, HyperConnectionStagedKernelsGiveTheSameBits) {
+  DSV4_REQUIRE_GPU();
+  BackendPair staged;
+  const auto previous = testing::PairWithEnv("DSV4_HC_STAGED", "0", Precision::kFP32);
+  struct Case {
+    int64_t D, T;
+  };
+  const char* const names[] = {"hs_out", "normed", "post", "comb",
+                               "first normed", "first post", "first comb", "head y"};
+  for (const Case& c : std::vector<Case>{
+           {4096, 7}, {4096, 129}, {4096, 1000}, {1024, 7}, {1024, 129}, {1024, 1000},
+           {1024, 4096}}) {
+    SCOPED_TRACE(::testing::Message() << "D=" << c.D << " T=" << c.T);
+    const HcStepInputs in = MakeHcStepInputs(c.T, c.D);
+    const auto got = RunHcStep(staged, in, /*reference=*/true);
+    const auto want = RunHcStep(*previous, in, /*reference=*/false);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t k = 0; k < got.size(); ++k) {
+      EXPECT_TRUE(got[k].size() == want[k].size() &&
+                  std::memcmp(got[k].data(), want[k].data(), got[k].size() * sizeof(float)) == 0)
+          << names[k];
+    }
+  }
+}
+
 // ---- compressors ----
 
 struct CompressCase {

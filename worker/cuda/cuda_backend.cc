@@ -150,6 +150,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   RETURN_IF_ERROR(EnvBool("DSV4_PDL", true).status());
   // DSV4_HC_CLUSTER=0: decode boundaries in two kernels (the A/B baseline of the cluster launch).
   ASSIGN_OR_RETURN(b->hc_cluster_, EnvBool("DSV4_HC_CLUSTER", true));
+  // DSV4_HC_STAGED=0: the prefill-sized mHC mix and norm kernels without their cp.async
+  // pipelines (the A/B baseline; the same bits either way, cuda/mhc.h).
+  ASSIGN_OR_RETURN(b->hc_staged_, EnvBool("DSV4_HC_STAGED", true));
   b->hc_cluster_ = b->hc_cluster_ && cuda::HcClusterSchedulable();
   // DSV4_MOE_WIDE=0: every expert streams its weights once per 8 of its tokens (the A/B baseline
   // of the wide pass, which reads them once per 64).
@@ -1134,7 +1137,8 @@ absl::StatusOr<Tensor> CudaBackend::HcMix(const Tensor& hs, const Tensor& fn) {
   const int64_t parts = cuda::HcMixParts(T, nd);
   ASSIGN_OR_RETURN(Tensor mix, OpScratch(DType::kF32, Shape{parts, T, rows + 1}));
   RETURN_IF_ERROR(
-      cuda::HcMix(hs.ptr<float>(), T, nd, fn.ptr<float>(), rows, mix.ptr<float>(), cur_stream()));
+      cuda::HcMix(hs.ptr<float>(), T, nd, fn.ptr<float>(), rows, mix.ptr<float>(), cur_stream(),
+                  hc_staged_));
   return mix;
 }
 
@@ -1203,11 +1207,12 @@ absl::Status CudaBackend::BoundaryKernels(const cuda::HcDims& d, const cuda::HcP
       ASSIGN_OR_RETURN(
           mix, OpScratch(DType::kF32, Shape{cuda::HcMixParts(d.tokens, nd), d.tokens, rows + 1}));
       RETURN_IF_ERROR(cuda::HcPostMix(d, in->hs, in->f, in->post, in->comb, hs.ptr<float>(),
-                                      g.fn.ptr<float>(), rows, mix.ptr<float>(), cur_stream()));
+                                      g.fn.ptr<float>(), rows, mix.ptr<float>(), cur_stream(),
+                                      hc_staged_));
     }
     RETURN_IF_ERROR(cuda::HcPreNorm(d, hs.ptr<float>(), mix.ptr<float>(), mix.dim(0), F(g.base),
                                     F(g.scale), F(g.norm_weight), g.norm.eps, normed.ptr<float>(),
-                                    post_out, comb_out, gates_out, cur_stream()));
+                                    post_out, comb_out, gates_out, cur_stream(), hc_staged_));
   }
   return defer_gates_ ? DeferredGates(d, gates, g, post, comb) : absl::OkStatus();
 }

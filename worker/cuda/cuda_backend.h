@@ -324,6 +324,7 @@ class CudaBackend final : public Backend {
   // single-token GEMV / fused MoE kernels (kernels/cuda/gemv.h, moe_decode.h)
   bool row_gemv_ = true;
   bool hc_cluster_ = true;  // decode boundaries as one cluster launch (cuda::HcClusterNorm)
+  bool hc_staged_ = true;   // prefill mHC kernels pipelined (DSV4_HC_STAGED)
   // FP8 products of at least this many rows on FP8 tensor cores (0: off; precision fp8).
   int64_t fp8_prefill_rows_ = 0;
   // The indexer's scores on TF32 tensor cores (bf16 mode; DSV4_INDEXER_TF32=0: the fp32 FMA
