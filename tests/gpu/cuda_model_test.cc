@@ -161,13 +161,14 @@ TEST(CudaModel, QuantizedFixtureInBf16WithinTolerance) {
   ExpectBf16Close(testing::TestData("dsv4-tiny-fp8"), Keep(false));
 }
 
-// The same in precision fp8 with DSV4_FP8_ACTIVATION_ROWS=all (the prompts here are chunks of
-// at most 64 tokens, below the 128 rows fp8 starts at): every FP8 product of 9 rows or more whose
-// shapes fit (128 x
-// 128 scale blocks, K and the rows multiples of 16, groups on whole blocks: all but the grouped
-// wo_a here) on FP8 tensor cores with e4m3 activations per 1 x 128 group. The activation-
-// quantised path's error against the fp32 engine, printed, under the bf16 criteria; a product
-// cuBLASLt refuses is reported on stderr and stays on bf16.
+// The same in precision fp8 with DSV4_FP8_ACTIVATION_ROWS=all (FP8 activations from 9 rows; the
+// prompts here are chunks of at most 64 tokens). FP8 activations need whole 128 x 128 weight
+// blocks (K and N multiples of 128) and every FP8 projection of this fixture has partial ones
+// (K 64 or 128 with N 64, ...), so they all stay on the bf16 path: this checks that precision
+// fp8 leaves everything else as bf16 has it. The e4m3 activations' own error is measured at the
+// Flash shapes (CudaFp8Linear.Fp8ActivationsStayWithinTheirError, CudaMoeTiled.Fp8*). With
+// partial blocks on cuBLASLt's block-scaled FP8 GEMM this fixture's median logit error was 1.8
+// on the H200 (bench/results/2026-12-03-wgmma-experts, run4; not yet understood).
 TEST(CudaModel, QuantizedFixtureWithFp8ActivationsWithinTolerance) {
   DSV4_REQUIRE_GPU();
   const testing::ScopedEnv rows("DSV4_FP8_ACTIVATION_ROWS", "all");
