@@ -137,6 +137,39 @@ __device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// DeepSeek-V4's clamped SwiGLU of one gate / up pair (swiglu_limit): silu(min(gate, limit)) ·
+// clamp(up, -limit, limit), the one expression of every expert kernel (and of SwiGluKernel), so
+// that all round alike.
+__device__ __forceinline__ float ClampedSwiGlu(float gate, float up, float limit) {
+  gate = fminf(gate, limit);
+  up = fminf(fmaxf(up, -limit), limit);
+  return gate / (1.0f + expf(-gate)) * up;
+}
+
+// ---- asynchronous copies global -> shared (cp.async, sm_80+) ----
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes, L1 bypassed.
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SmemAddr(smem)), "l"(gmem)
+               : "memory");
+}
+// 16 bytes, L1 bypassed, zero-filled when !valid (the source is then not read).
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(smem)),
+               "l"(gmem), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Until at most N of this thread's committed groups are pending.
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // ---- programmatic dependent launch (PDL) ----
 // A kernel launched with LaunchPdl may start while the previous kernel on its stream is still
 // running; it must call PdlWait() before it reads anything an earlier kernel may still be

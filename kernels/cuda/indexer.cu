@@ -181,12 +181,6 @@ __device__ __forceinline__ void MmaTf32(float (&d)[4], const uint32_t (&a)[4], u
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(gmem),
-               "r"(valid ? 16 : 0)
-               : "memory");
-}
 
 // kHg head groups of 16 (heads = 16 kHg), kTok tokens: 32 kHg kTok threads.
 template <int kHg, int kTok>
@@ -259,7 +253,7 @@ __global__ void __launch_bounds__(32 * kHg * kTok)
         const float* row = ok ? keys + EntryRow(b, seq, e0 + j, s.ratio) * kMmaDim : keys;
         CpAsync16(dst + j * kMmaPitch + 4 * cc, row + 4 * cc, ok);
       }
-      asm volatile("cp.async.commit_group;\n" ::: "memory");
+      CpAsyncCommit();
     };
     int64_t e0 = static_cast<int64_t>(blockIdx.x) * kMmaEntries;
     if (e0 >= v) continue;  // uniform over the block
@@ -268,9 +262,9 @@ __global__ void __launch_bounds__(32 * kHg * kTok)
     for (int buf = 0; e0 < v; e0 += step, buf ^= 1) {
       if (e0 + step < v) {
         stage(e0 + step, buf ^ 1);
-        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        CpAsyncWait<1>();
       } else {
-        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        CpAsyncWait<0>();
       }
       __syncthreads();  // the chunk's keys are in; red is free (the previous chunk was summed)
       if (active && e0 < my_v) {  // uniform over the warp

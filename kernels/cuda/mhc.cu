@@ -259,26 +259,11 @@ __global__ void MixGenericKernel(const float* hs, int64_t tokens, int64_t nd, co
 // the 0.11 of HBM. Two columns per thread (the first butterfly level in registers: fewer
 // shuffles) and two tokens per warp iteration (more independent chains) measured no faster.
 
-__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16 bytes global -> shared, L1 bypassed.
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SharedAddress(smem)), "l"(gmem)
-               : "memory");
-}
-// 4 bytes global -> shared (post and comb: no alignment beyond a float's).
+// 4 bytes global -> shared (post and comb: no alignment beyond a float's; CpAsync16 and the
+// rest in common.cuh).
 __device__ __forceinline__ void CpAsync4(void* smem, const void* gmem) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(SharedAddress(smem)), "l"(gmem)
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(SmemAddr(smem)), "l"(gmem)
                : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-// Until at most N of this thread's committed groups are pending.
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // The butterfly of WarpMultiSum without its selects. Register i of `lane` holds value
@@ -718,6 +703,28 @@ __global__ void __launch_bounds__(kFinThreads)
   }
 }
 
+// The end of the final-norm kernels for token t: thread i collapses float4 i of the row with the
+// pre gates (Collapse4), the block normalises it (RmsNormalize4: BlockSumD's tree over the
+// block) and writes normed[t]. Every thread of the block calls it.
+template <int kN>
+__device__ __forceinline__ void CollapseNormRow(const HcDims& d, const float* hs,
+                                                const float (&pre)[kN], int64_t t,
+                                                const float* norm_w, float rms_eps,
+                                                double* scratch, float* normed) {
+  const int64_t nd = kN * d.dim;
+  const int i = threadIdx.x;
+  const int n4 = static_cast<int>(d.dim >> 2);
+  float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+  float4 wv = make_float4(1.f, 1.f, 1.f, 1.f);
+  if (i < n4) {
+    a = Collapse4<kN>(pre, hs + t * nd, d.dim, int64_t{i} * 4);
+    if (norm_w != nullptr) wv = reinterpret_cast<const float4*>(norm_w)[i];
+  }
+  const float4 o = RmsNormalize4(a, wv, norm_w != nullptr, static_cast<int>(d.dim), rms_eps,
+                                 scratch);
+  if (i < n4) reinterpret_cast<float4*>(normed + t * d.dim)[i] = o;
+}
+
 // HcFinalKernel and the RMSNorm that follows it, one block per token: thread i collapses float4
 // i of the row (Collapse4), the block sums its squares in double exactly as RmsNormRegKernel
 // (same block shape, same BlockSumD tree) and writes the normalised row. For HcPre a second
@@ -744,18 +751,7 @@ __global__ void __launch_bounds__(1024)
                             gates, pre)) {
     return;
   }
-  const int64_t nd = kN * d.dim;
-  const int i = threadIdx.x;
-  const int n4 = static_cast<int>(d.dim >> 2);
-  float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-  float4 wv = make_float4(1.f, 1.f, 1.f, 1.f);
-  if (i < n4) {
-    a = Collapse4<kN>(pre, hs + t * nd, d.dim, int64_t{i} * 4);
-    if (norm_w != nullptr) wv = reinterpret_cast<const float4*>(norm_w)[i];
-  }
-  const float4 o = RmsNormalize4(a, wv, norm_w != nullptr, static_cast<int>(d.dim), rms_eps,
-                                 scratch);
-  if (i < n4) reinterpret_cast<float4*>(normed + t * d.dim)[i] = o;
+  CollapseNormRow<kN>(d, hs, pre, t, norm_w, rms_eps, scratch, normed);
 }
 
 // HcFinalNormKernel<kN, true> for the deferred form (gates), one block per token instead of two:
@@ -789,18 +785,7 @@ __global__ void __launch_bounds__(1024, 2)
   for (int r = threadIdx.x; r < kVals; r += blockDim.x) gates[t * kVals + r] = vals[r];
   float pre[kN];
   PreGates<kN>(vals, inv_mix, base, scale, d.hc_eps, pre);
-  const int64_t nd = kN * d.dim;
-  const int i = threadIdx.x;
-  const int n4 = static_cast<int>(d.dim >> 2);
-  float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-  float4 wv = make_float4(1.f, 1.f, 1.f, 1.f);
-  if (i < n4) {
-    a = Collapse4<kN>(pre, hs + t * nd, d.dim, int64_t{i} * 4);
-    if (norm_w != nullptr) wv = reinterpret_cast<const float4*>(norm_w)[i];
-  }
-  const float4 o = RmsNormalize4(a, wv, norm_w != nullptr, static_cast<int>(d.dim), rms_eps,
-                                 scratch);
-  if (i < n4) reinterpret_cast<float4*>(normed + t * d.dim)[i] = o;
+  CollapseNormRow<kN>(d, hs, pre, t, norm_w, rms_eps, scratch, normed);
 }
 
 // post and comb of token t = blockIdx.x from the summed mix values a final kernel left in gates

@@ -102,9 +102,7 @@ __global__ void SwiGluKernel(const float* gu, int64_t rows, int64_t inter, float
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < rows * inter;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = i / inter, c = i % inter;
-    const float g = fminf(gu[r * 2 * inter + c], limit);
-    const float u = fminf(fmaxf(gu[r * 2 * inter + inter + c], -limit), limit);
-    h[i] = g / (1.0f + expf(-g)) * u;
+    h[i] = ClampedSwiGlu(gu[r * 2 * inter + c], gu[r * 2 * inter + inter + c], limit);
   }
 }
 

@@ -40,9 +40,7 @@ struct GateUpOp {
     if ((threadIdx.x & 31) != 0) return;
     const int64_t s = g / a.inter;
     const bool live = SlotWeights(a, s, a.gate_up, a.shared_gate_up, 0) != nullptr;
-    const float gate = fminf(acc[0], a.swiglu_limit);
-    const float up = fminf(fmaxf(acc[1], -a.swiglu_limit), a.swiglu_limit);
-    a.h[g] = live ? gate / (1.0f + expf(-gate)) * up : 0.0f;
+    a.h[g] = live ? ClampedSwiGlu(acc[0], acc[1], a.swiglu_limit) : 0.0f;
   }
 };
 

@@ -740,11 +740,8 @@ __device__ __forceinline__ void StoreMmaGroup(const float (&acc)[4], int32_t g0,
     if (j >= ng) continue;
     if constexpr (kSwiGlu) {
       if (mt.ok_lo) {
-        // SwiGluKernel's clamps and expression.
-        const float gate = fminf(acc[h], limit);
-        const float up = fminf(fmaxf(acc[2 + h], -limit), limit);
         static_cast<__nv_bfloat16*>(y)[static_cast<int64_t>(g0 + j) * n_out + mt.out_lo] =
-            __float2bfloat16_rn(gate / (1.0f + expf(-gate)) * up);
+            __float2bfloat16_rn(ClampedSwiGlu(acc[h], acc[2 + h], limit));
       }
     } else {
       const int64_t dst = scatter_out ? order[g0 + j] : g0 + j;

@@ -277,10 +277,7 @@ __device__ __forceinline__ void GateUpBlock(const MoeDecodeArgs& a, const typena
     gate += red[warp + s][grp].x;
     up += red[warp + s][grp].y;
   }
-  // SwiGluKernel's clamps and expression, as MoeDecodeBf16.
-  gate = fminf(gate, a.swiglu_limit);
-  up = fminf(fmaxf(up, -a.swiglu_limit), a.swiglu_limit);
-  a.h[slot * a.inter + col] = valid ? gate / (1.0f + expf(-gate)) * up : 0.0f;
+  a.h[slot * a.inter + col] = valid ? ClampedSwiGlu(gate, up, a.swiglu_limit) : 0.0f;
 }
 
 // Blocks [0, routed_blocks): the routed slots' tiles (format RP); the rest: the shared expert's

@@ -61,22 +61,6 @@ constexpr int kTileK = 64;   // k per stage
 constexpr int kScanThreads = 1024, kScanItems = 4;
 constexpr int64_t kMaxExperts = int64_t{kScanThreads} * kScanItems - 1;
 
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16 bytes global -> shared, zero-filled when !valid (the source is then not read).
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(smem)),
-               "l"(gmem), "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 __device__ __forceinline__ void StoreShared16(bf16* smem, const uint4& v) {
   *reinterpret_cast<uint4*>(smem) = v;
 }

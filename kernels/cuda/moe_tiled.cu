@@ -202,11 +202,8 @@ __global__ void __launch_bounds__(64 * kWarpsN, 2) ExpertTileKernel(const GemmAr
           float v[2];
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
-            // SwiGluKernel's clamps and expression.
-            const float gate = fminf(acc[mt][q][half * 2 + j], g.limit);
-            const float up =
-                fminf(fmaxf(acc[mt][q + kNt / 2][half * 2 + j], -g.limit), g.limit);
-            v[j] = gate / (1.0f + expf(-gate)) * up;
+            v[j] = ClampedSwiGlu(acc[mt][q][half * 2 + j], acc[mt][q + kNt / 2][half * 2 + j],
+                                 g.limit);
           }
           *reinterpret_cast<__nv_bfloat162*>(h + col) = __floats2bfloat162_rn(v[0], v[1]);
         }
@@ -342,10 +339,12 @@ absl::Status MoeExpertsTiled(const ExpertsShape& d, int tile_rows, bool wgmma, i
         "weights of one format (MoeTiledRows)");
   }
   const bool use_fp8 = fp8 && Fp8TiledFits(d, gate_up);
-  if (!use_fp8) RETURN_IF_ERROR(CastToBf16(u, w.xb, d.tokens * d.dim, stream));
-  if (!use_fp8) TileStartKernel<<<1, kScanThreads, 0, stream>>>(w.offsets, static_cast<int32_t>(d.experts),
-                                                  tile_rows, w.tile_start);
-  CUDA_RETURN_IF_LAUNCH_ERROR();
+  if (!use_fp8) {  // RunFp8 quantises u itself and numbers its own 64-row tiles
+    RETURN_IF_ERROR(CastToBf16(u, w.xb, d.tokens * d.dim, stream));
+    TileStartKernel<<<1, kScanThreads, 0, stream>>>(w.offsets, static_cast<int32_t>(d.experts),
+                                                    tile_rows, w.tile_start);
+    CUDA_RETURN_IF_LAUNCH_ERROR();
+  }
   bf16* h = reinterpret_cast<bf16*>(w.h);
   GemmArgs gu;
   gu.x = reinterpret_cast<const bf16*>(w.xb);

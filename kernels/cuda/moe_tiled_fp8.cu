@@ -240,11 +240,8 @@ __global__ void __launch_bounds__(kF8Threads, 2) ExpertFp8Kernel(const TileGemmA
         float v[2];
 #pragma unroll
         for (int q = 0; q < 2; ++q) {
-          // SwiGluKernel's clamps and expression.
-          const float gate = fminf(acc[4 * j + 2 * half + q], g.limit);
-          const float up =
-              fminf(fmaxf(acc[4 * (j + kF8N / 16) + 2 * half + q], -g.limit), g.limit);
-          v[q] = gate / (1.0f + expf(-gate)) * up;
+          v[q] = ClampedSwiGlu(acc[4 * j + 2 * half + q],
+                               acc[4 * (j + kF8N / 16) + 2 * half + q], g.limit);
         }
         *reinterpret_cast<float2*>(h + col) = make_float2(v[0], v[1]);
       }

@@ -160,11 +160,8 @@ __global__ void __launch_bounds__(kWgThreads, 2) ExpertWgmmaKernel(const TileGem
         float v[2];
 #pragma unroll
         for (int q = 0; q < 2; ++q) {
-          // SwiGluKernel's clamps and expression.
-          const float gate = fminf(acc[4 * j + 2 * half + q], g.limit);
-          const float up =
-              fminf(fmaxf(acc[4 * (j + kN / 16) + 2 * half + q], -g.limit), g.limit);
-          v[q] = gate / (1.0f + expf(-gate)) * up;
+          v[q] = ClampedSwiGlu(acc[4 * j + 2 * half + q], acc[4 * (j + kN / 16) + 2 * half + q],
+                               g.limit);
         }
         *reinterpret_cast<__nv_bfloat162*>(h + col) = __floats2bfloat162_rn(v[0], v[1]);
       }
