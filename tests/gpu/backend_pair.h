@@ -72,6 +72,18 @@ inline std::vector<float> RoundBf16(std::vector<float> v) {
   return v;
 }
 
+// max |got - ref| as a share of the output's scale max |ref| (the absolute error when ref is all
+// zero): how far an approximate path (FP8 activations) is from the reference, for the tests that
+// print it and check that the approximate path ran.
+inline double ErrorAtScale(const std::vector<float>& got, const std::vector<float>& ref) {
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < ref.size() && i < got.size(); ++i) {
+    worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - ref[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(ref[i])));
+  }
+  return scale > 0 ? worst / scale : worst;
+}
+
 // max over i of |a - b| / (atol + rtol |b|) must be <= 1. Prints the worst element.
 inline ::testing::AssertionResult Close(const std::vector<float>& got, const std::vector<float>& ref,
                                         double atol, double rtol) {

@@ -120,14 +120,7 @@ void CompareProducts(BackendPair& p, Precision prec, const Fp8Shape& s, const Bo
     }
     const std::vector<float> got = p.HostG(y.g), ref = p.HostC(y.c);
     EXPECT_TRUE(CloseRel(got, ref, tol));
-    if (worst != nullptr) {
-      double d = 0, mx = 0;
-      for (size_t i = 0; i < ref.size(); ++i) {
-        d = std::max(d, std::fabs(static_cast<double>(got[i]) - ref[i]));
-        mx = std::max(mx, std::fabs(static_cast<double>(ref[i])));
-      }
-      *worst = std::max(*worst, mx > 0 ? d / mx : 0.0);
-    }
+    if (worst != nullptr) *worst = std::max(*worst, testing::ErrorAtScale(got, ref));
   }
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <set>
 
@@ -678,10 +679,60 @@ struct IndexerCase {
   bool force;
 };
 
+// IndexerTopK on both backends for the step begun on p (nI heads of dI, entries of `ratio`
+// tokens; q, w and the keys random from `seed`), then the GPU's selections against the
+// reference's: ascending and -1 padded, sets of the same size, and an entry the GPU takes
+// instead of one of the reference's only within tol(kth, top) of the reference's k-th score (top:
+// the token's largest |score|). Adds the swapped entries and all selected ones to the counts.
+void CheckIndexerSelections(BackendPair& p, int64_t nI, int64_t dI, int64_t ratio, int64_t topk,
+                            uint32_t seed, const std::function<float(float, float)>& tol,
+                            int64_t* swapped, int64_t* selected) {
+  const int64_t T = p.meta.num_tokens;
+  const auto qv = RandomVec(T * nI * dI, seed);
+  const auto wv = RandomVec(T * nI, seed + 1);
+  Both keys = p.Pool(Shape{p.blocks, kBlock / ratio, dI}, seed + 2);
+  Both q = p.Input(Shape{T, nI, dI}, qv);
+  Both w = p.Input(Shape{T, nI}, wv);
+  Both out = p.Scratch(DType::kI32, Shape{T, topk});
+  const IndexerParams ip = IndexerParamsFor(nI, dI, ratio, topk);
+  std::vector<int32_t> ref, got;
+  ASSERT_NO_FATAL_FAILURE(RunIndexerTopK(p, ip, q, w, keys, out, &ref, &got));
+  const auto key_host = p.HostC(keys.c);
+  IndexerShape is;
+  is.heads = nI;
+  is.dim = dI;
+  is.ratio = ratio;
+  is.topk = topk;
+  is.weight_scale = ip.weight_scale;
+  is.score_scale = ip.score_scale;
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t* r = ref.data() + t * topk;
+    const int32_t* g = got.data() + t * topk;
+    for (int64_t k = 1; k < topk; ++k) {
+      if (g[k] >= 0) {
+        ASSERT_GT(g[k], g[k - 1]) << "token " << t;
+      }
+    }
+    const std::set<int32_t> rs(r, r + topk), gs(g, g + topk);
+    ASSERT_EQ(rs.size(), gs.size()) << "token " << t;
+    *selected += static_cast<int64_t>(rs.size());
+    if (rs == gs) continue;
+    const auto scores = HostScores(is, p.meta, static_cast<int32_t>(t), qv, wv, key_host);
+    float kth = INFINITY, top = 0.0f;
+    for (float v : scores) top = std::max(top, std::fabs(v));
+    for (int32_t e : rs) if (e >= 0) kth = std::min(kth, scores[e]);
+    for (int32_t e : gs) {
+      if (e < 0 || rs.count(e)) continue;
+      ++*swapped;
+      EXPECT_NEAR(scores[e], kth, tol(kth, top)) << "token " << t << " entry " << e;
+    }
+  }
+}
+
 TEST(CudaOps, IndexerTopKUpTo256kCandidates) {
   DSV4_REQUIRE_GPU();
   BackendPair p;
-  const int64_t nI = 64, dI = 128, ratio = 4, per_block = kBlock / ratio;
+  const int64_t nI = 64, dI = 128, ratio = 4;
   const std::vector<IndexerCase> cases = {
       {"short_shortcut", {{0, 40}, {100, 1}}, 512, false},
       {"short_forced", {{0, 40}, {100, 1}}, 512, true},
@@ -693,50 +744,13 @@ TEST(CudaOps, IndexerTopKUpTo256kCandidates) {
   for (const IndexerCase& c : cases) {
     SCOPED_TRACE(c.name);
     p.Begin(c.seqs, kBlock, 1000, c.force);
-    const int64_t T = p.meta.num_tokens;
-    const int64_t blocks = p.blocks;
-    const auto qv = RandomVec(T * nI * dI, 40);
-    const auto wv = RandomVec(T * nI, 41);
-    Both keys = p.Pool(Shape{blocks, per_block, dI}, 42);
-    Both q = p.Input(Shape{T, nI, dI}, qv);
-    Both w = p.Input(Shape{T, nI}, wv);
-    Both out = p.Scratch(DType::kI32, Shape{T, c.topk});
-    const IndexerParams ip = IndexerParamsFor(nI, dI, ratio, c.topk);
-    std::vector<int32_t> ref, got;
-    ASSERT_NO_FATAL_FAILURE(RunIndexerTopK(p, ip, q, w, keys, out, &ref, &got));
-    const auto key_host = p.HostC(keys.c);
-    IndexerShape is;
-    is.heads = nI;
-    is.dim = dI;
-    is.ratio = ratio;
-    is.topk = c.topk;
-    is.weight_scale = ip.weight_scale;
-    is.score_scale = ip.score_scale;
-    int64_t swapped = 0;
-    for (int64_t t = 0; t < T; ++t) {
-      const int32_t* r = ref.data() + t * c.topk;
-      const int32_t* g = got.data() + t * c.topk;
-      // Ascending and -1 padded, like the reference.
-      for (int64_t k = 1; k < c.topk; ++k) {
-        if (g[k] >= 0) {
-          ASSERT_GT(g[k], g[k - 1]) << "token " << t;
-        }
-      }
-      if (std::equal(r, r + c.topk, g)) continue;
-      // Different sets are allowed only where scores tie within rounding at the boundary.
-      const auto scores = HostScores(is, p.meta, static_cast<int32_t>(t), qv, wv, key_host);
-      std::set<int32_t> rs(r, r + c.topk), gs(g, g + c.topk);
-      ASSERT_EQ(rs.size(), gs.size()) << "token " << t;
-      float kth = INFINITY;
-      for (int32_t e : rs) if (e >= 0) kth = std::min(kth, scores[e]);
-      for (int32_t e : gs) {
-        if (e < 0 || rs.count(e)) continue;
-        ++swapped;
-        EXPECT_NEAR(scores[e], kth, 1e-5f * (1 + std::fabs(kth))) << "token " << t << " entry " << e;
-      }
-    }
-    std::printf("    tokens=%lld boundary swaps=%lld\n", static_cast<long long>(T),
-                static_cast<long long>(swapped));
+    // Different sets are allowed only where scores tie within rounding at the boundary.
+    int64_t swapped = 0, selected = 0;
+    ASSERT_NO_FATAL_FAILURE(CheckIndexerSelections(
+        p, nI, dI, ratio, c.topk, 40,
+        [](float kth, float) { return 1e-5f * (1 + std::fabs(kth)); }, &swapped, &selected));
+    std::printf("    tokens=%lld boundary swaps=%lld\n",
+                static_cast<long long>(p.meta.num_tokens), static_cast<long long>(swapped));
   }
 }
 
@@ -750,7 +764,7 @@ TEST(CudaOps, IndexerTopKUpTo256kCandidates) {
 TEST(CudaOps, IndexerTopKOnTf32TensorCores) {
   DSV4_REQUIRE_GPU();
   BackendPair p(Precision::kBF16);
-  const int64_t dI = 128, ratio = 4, per_block = kBlock / ratio, topk = 512;
+  const int64_t dI = 128, ratio = 4, topk = 512;
   const std::vector<IndexerCase> cases = {
       {"prefill_across_topk", {{2990, 64}}, topk, false},
       {"prefill_long", {{7000, 200}, {3000, 7}}, topk, false},
@@ -763,46 +777,10 @@ TEST(CudaOps, IndexerTopKOnTf32TensorCores) {
       SCOPED_TRACE(::testing::Message() << c.name << " heads=" << nI);
       p.Begin(c.seqs, kBlock, 1000, c.force);
       const int64_t T = p.meta.num_tokens;
-      const auto qv = RandomVec(T * nI * dI, 50);
-      const auto wv = RandomVec(T * nI, 51);
-      Both keys = p.Pool(Shape{p.blocks, per_block, dI}, 52);
-      Both q = p.Input(Shape{T, nI, dI}, qv);
-      Both w = p.Input(Shape{T, nI}, wv);
-      Both out = p.Scratch(DType::kI32, Shape{T, c.topk});
-      const IndexerParams ip = IndexerParamsFor(nI, dI, ratio, c.topk);
-      std::vector<int32_t> ref, got;
-      ASSERT_NO_FATAL_FAILURE(RunIndexerTopK(p, ip, q, w, keys, out, &ref, &got));
-      const auto key_host = p.HostC(keys.c);
-      IndexerShape is;
-      is.heads = nI;
-      is.dim = dI;
-      is.ratio = ratio;
-      is.topk = c.topk;
-      is.weight_scale = ip.weight_scale;
-      is.score_scale = ip.score_scale;
       int64_t swapped = 0, selected = 0;
-      for (int64_t t = 0; t < T; ++t) {
-        const int32_t* r = ref.data() + t * c.topk;
-        const int32_t* g = got.data() + t * c.topk;
-        for (int64_t k = 1; k < c.topk; ++k) {
-          if (g[k] >= 0) {
-            ASSERT_GT(g[k], g[k - 1]) << "token " << t;
-          }
-        }
-        const std::set<int32_t> rs(r, r + c.topk), gs(g, g + c.topk);
-        ASSERT_EQ(rs.size(), gs.size()) << "token " << t;
-        selected += static_cast<int64_t>(rs.size());
-        if (rs == gs) continue;
-        const auto scores = HostScores(is, p.meta, static_cast<int32_t>(t), qv, wv, key_host);
-        float kth = INFINITY, top = 0.0f;
-        for (float v : scores) top = std::max(top, std::fabs(v));
-        for (int32_t e : rs) if (e >= 0) kth = std::min(kth, scores[e]);
-        for (int32_t e : gs) {
-          if (e < 0 || rs.count(e)) continue;
-          ++swapped;
-          EXPECT_NEAR(scores[e], kth, 3e-3f * top) << "token " << t << " entry " << e;
-        }
-      }
+      ASSERT_NO_FATAL_FAILURE(CheckIndexerSelections(
+          p, nI, dI, ratio, c.topk, 50, [](float, float top) { return 3e-3f * top; }, &swapped,
+          &selected));
       EXPECT_LT(swapped * 50, selected) << "more than 2% of the selections swapped";
       std::printf("    %s heads=%lld tokens=%lld boundary swaps=%lld of %lld\n", c.name,
                   static_cast<long long>(nI), static_cast<long long>(T),

@@ -97,15 +97,7 @@ std::vector<std::vector<float>> CompareTiled(const char* mode, WeightFormat form
     if (!st.ok()) return outs;
     EXPECT_TRUE(p.SameAtScale(out, tol));
     outs.push_back(p.HostAs<float>(*p.gpu, out.g));
-    if (err != nullptr) {
-      const std::vector<float> ref = p.HostC(out.c);
-      double scale = 0, worst = 0;
-      for (size_t i = 0; i < ref.size(); ++i) {
-        scale = std::max(scale, std::fabs(static_cast<double>(ref[i])));
-        worst = std::max(worst, std::fabs(static_cast<double>(outs.back()[i]) - ref[i]));
-      }
-      *err = std::max(*err, scale > 0 ? worst / scale : worst);
-    }
+    if (err != nullptr) *err = std::max(*err, testing::ErrorAtScale(outs.back(), p.HostC(out.c)));
   }
   return outs;
 }
@@ -161,10 +153,10 @@ TEST(CudaMoeTiled, LongPromptsMatchReference) {
   }
 }
 
-// Precision fp8 with DSV4_MOE_FP8=1: MXFP4 experts expanded to e4m3 against u and h in e4m3 per 1 x 128 group, on
-// FP8 tensor cores (moe_tiled_fp8.cu). e4m3 keeps 4 significant bits, so the outputs stay within
-// a few percent of their scale (8e-2 allowed; a wrong scale, group or swizzle is off by far
-// more), and well above the bf16 path's error on the same case: the FP8 kernels ran. Ragged
+// Precision fp8 with DSV4_MOE_FP8=1: MXFP4 experts expanded to e4m3 against u and h in e4m3
+// per 1 x 128 group, on FP8 tensor cores (moe_tiled_fp8.cu). e4m3 keeps 4 significant bits, so
+// the outputs stay within a few percent of their scale (8e-2 allowed; a wrong scale, group or
+// swizzle is off by far more), and well above the bf16 path's error on the same case: the FP8 kernels ran. Ragged
 // counts and hot routing at small widths, and the Flash widths; the four scale groups of a
 // 128-column block differ (RandomExperts' scales span 2^-8 .. 2^-4), so the per-row e4m3 base
 // is exercised.
