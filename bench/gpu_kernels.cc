@@ -281,8 +281,9 @@ void QuantMoeRows(Ctx& c, double wb, bool bf16_rows) {
   with_shared.shared_gate_up = Rand(c.be, Shape{2 * I, D}, 33, 0.02f, WeightUse::kMatrix);
   with_shared.shared_down = Rand(c.be, Shape{D, I}, 34, 0.02f, WeightUse::kMatrix);
   StepMeta meta;
-  for (int32_t T : {1, 8, 64, 256, 1024}) {
-    // Decode batches: T sequences of one token; the prefill: one sequence of 1024.
+  for (int32_t T : {1, 8, 64, 256, 512, 1024, 2048}) {
+    // Decode batches: T sequences of one token; prefills: one sequence of T (512: 12
+    // assignments an expert, 1024: 24, the streaming kernels' (moe_stream.h); 2048: 48, tiled).
     if (T <= 256) {
       Meta(c.be, &meta, T, 100, 1, 128);
     } else {

@@ -56,6 +56,10 @@ struct MoeKernels {
   // activations (moe_tiled_fp8.cu).
   bool fp8_activations = false;
   int tile_warps = 8;
+  // DSV4_MOE_STREAM: MXFP4 experts of steps the tiled GEMMs do not take on the weight-streaming
+  // kernels (moe_stream.h): 0 off (the wide kernel, the A/B baseline), 1 by shape (the experts
+  // average at least kMoeStreamMinAverage assignments), 2 wherever the shapes fit (tests).
+  int stream = 1;
   // false: bf16 weights take the grouped FMA GEMV of fp32 weights too (the batch-invariant
   // mode's: a token's sums never depend on how many tokens share its expert, which the
   // tensor-core kernels' K splits and kernel choice by token count do).

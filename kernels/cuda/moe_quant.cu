@@ -36,6 +36,7 @@
 #include "kernels/common/cuda_check.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe_mma.cuh"
+#include "kernels/cuda/moe_stream.h"
 #include "kernels/cuda/moe_tiled.h"
 
 namespace dsv4::cuda {
@@ -118,12 +119,19 @@ absl::Status RunQuantExperts(const ExpertsDims& d, const float* u, const int32_t
   const bool mma = !exact && mma_ok && QuantMmaFits<P>(d, u, gate_up, down);
   const TiledExpertWeights tgu = TiledOf(gate_up), tdn = TiledOf(down);
   const int tiled_rows = mma ? MoeTiledRows(d, tgu, tdn, kernels.tiled) : 0;
-  const bool use_wide = mma && tiled_rows == 0 &&
+  bool use_stream = false;
+  if constexpr (std::is_same_v<P, Mxfp4Weights>) {
+    use_stream = mma && tiled_rows == 0 && MoeStreamFits(d, gate_up, down, kernels.stream);
+  }
+  const bool use_wide = mma && tiled_rows == 0 && !use_stream &&
                         UseWide(kernels.wide, d.tokens, d.tokens * d.top_k, d.experts);
   RETURN_IF_ERROR(SortAssignments(d, idx, use_wide, w, stream));
   if (tiled_rows > 0) {
     return MoeExpertsTiled(d, tiled_rows, kernels.tile_wgmma, kernels.tile_warps,
                            kernels.fp8_activations, u, weights, tgu, tdn, w, out, stream);
+  }
+  if constexpr (std::is_same_v<P, Mxfp4Weights>) {
+    if (use_stream) return MoeExpertsStream(d, u, weights, gate_up, down, w, out, stream);
   }
   if constexpr (std::is_same_v<P, Mxfp4Weights>) {
     // Steps without a wide pass: ExpertMmaKernel with the folded expansion (Mxfp4FoldWeights,

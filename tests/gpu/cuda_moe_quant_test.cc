@@ -192,6 +192,7 @@ TEST(CudaMoeQuant, FlashFp8MatchesReference) {
 TEST(CudaMoeQuant, WideKernelGivesTheSameBits) {
   DSV4_REQUIRE_GPU();
   const ScopedEnv no_tiles("DSV4_MOE_TILED", "0");  // 300 and 700 tokens would be tiled
+  const ScopedEnv no_stream("DSV4_MOE_STREAM", "0");  // and streamed (moe_stream.h)
   const auto wide_pair = testing::PairWithEnv("DSV4_MOE_WIDE", "1", Precision::kBF16);
   const auto narrow_pair = testing::PairWithEnv("DSV4_MOE_WIDE", "0", Precision::kBF16);
   BackendPair &wide = *wide_pair, &narrow = *narrow_pair;

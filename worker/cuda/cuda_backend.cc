@@ -169,6 +169,13 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     // DSV4_MOE_WGMMA=0: the mma.sync tiled kernels (the A/B baseline of the wgmma ones).
     ASSIGN_OR_RETURN(b->moe_kernels_.tile_wgmma, EnvBool("DSV4_MOE_WGMMA", true));
   }
+  // DSV4_MOE_STREAM: the weight-streaming MXFP4 expert kernels of steps below the tiled GEMMs'
+  // (kernels/cuda/moe_stream.h): 0 off (the wide kernel, the A/B baseline), 1 by shape, 2
+  // wherever the shapes fit.
+  {
+    ASSIGN_OR_RETURN(const int i, EnvChoice("DSV4_MOE_STREAM", {"0", "1", "2"}, 1));
+    b->moe_kernels_.stream = i;
+  }
   // Precision fp8: the FP8 products of prefill-sized steps on FP8 tensor cores with e4m3
   // activations (the options say; a decision of the coordinator's, equal on every rank).
   if (options.fp8_activations &&

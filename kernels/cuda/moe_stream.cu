@@ -1,0 +1,359 @@
+// The weight-streaming MXFP4 expert GEMMs (moe_stream.h).
+//
+// At a 1k-token prefill the 256 experts get ~24 assignments each: every expert's weights are
+// read (3.4 GB a Flash layer, 0.7 ms at 4.8 TB/s) and there are too few tokens for the tiled
+// GEMMs' 64-row tiles. The wide kernel (moe_mma.cuh) keeps an expert's weights in registers and
+// so has two k blocks in flight per warp, and each block of 128 weight rows stages the expert's
+// activations in chunks between barriers that drain that stream: 4.0 ms a layer (0.84 TB/s).
+//
+// Here each warp owns a 16-row tile (8 gate + 8 up rows, or 16 down rows) as in the wide kernel,
+// with the same lane-quad layout (MmaTile, Mxfp4FoldWeights: a lane's 16-byte word is 32 e2m1
+// codes of one scale group, expanded to four bf16 A-fragment words in registers), but its weights
+// come through a ring of kStages k blocks in shared memory filled by cp.async: each lane copies
+// its own 16-byte words (rows lo and hi) and the 4-byte scale words holding its groups' bytes,
+// and reads back only what it copied, so a warp's ring needs no barrier, only
+// cp.async.wait_group. 16 warps (256 weight rows) share one block's staged activations: the
+// pass's tokens (up to kGroups groups of 8) in chunks of kChunk k blocks, three buffers, each
+// chunk copied by cp.async two chunks ahead in the same commit groups as the weights, so the one
+// barrier per chunk never drains a weight ring. The activations are stored in the pairing the
+// expansion produces ((0, 4), (1, 5), (2, 6), (3, 7) in each 8 columns): u by the cast kernel
+// here, h by the gate_up epilogue, so a 16-byte copy is the B word as it is. An expert with more
+// than kGroups * 8 assignments streams its weights once per pass.
+//
+// gate_up: h = SwiGLU in bf16 [A, I] in assignment order; down: y in (t, k) order
+// (scatter_out), then the deterministic combine. Per output the products are the wide kernel's
+// (moe_mma.cuh, the same bf16 operands, k blocks in order, two mma steps a word, K unsplit), so
+// the two give the same bits. The k loop is compiled per group count (DispatchGroups): with a
+// runtime bound the products of absent groups were issued predicated off.
+//
+// H200, 256 Flash experts, uniform routing (bench/dsv4_gpu_kernels_bench --moe-quant-only;
+// bench/results/2026-12-04-stream-experts/): T = 1024 2.81-2.92 ms against the wide kernel's
+// 4.18-4.20 (1.2 TB/s of MXFP4 weights against 0.82), T = 512 2.39-2.45 against 2.70; slice3
+// TTFT at 1k in precision fp8 13.28-13.41 ms against 16.87-16.91. Nsight Compute: 0.38 issued
+// instructions per scheduler cycle, ~330 instructions per warp and k block (the expansion's
+// integer work, the products, the activations' shared-memory reads), L1/TEX 65 % busy, DRAM 26 %:
+// bound by issue and latency, not by HBM. Not kept: 5 or 6 ring stages (no faster, 6 slower), a
+// swizzle of the staged activations' slots (conflict-free copies; no faster), two tiles a warp
+// with 4 groups a pass (kernel 2.57 ms at T = 1024, but TTFT 13.62 ms: experts over 32
+// assignments take a second pass), 8 warps a block at two blocks an SM (TTFT 13.79 ms).
+#include "kernels/cuda/moe_stream.h"
+
+#include <algorithm>
+#include <type_traits>
+
+#include "common/status.h"
+#include "kernels/common/cuda_check.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/moe_mma.cuh"
+
+namespace dsv4::cuda {
+namespace {
+
+using P = Mxfp4FoldWeights;
+constexpr int kStreamWarps = 16;
+constexpr int kStreamThreads = kStreamWarps * 32;
+constexpr int kBlocksPerSm = kStreamWarps >= 16 ? 1 : 2;
+constexpr int kTiles = 1;   // 16-row tiles a warp (2 with kGroups 4 was tried: see above)
+constexpr int kGroups = 8;  // 8-token groups per pass: 64 assignments
+constexpr int kChunk = 2;   // k blocks of staged activations per chunk
+constexpr int kXBuffers = 3;  // chunks staged: in use, landed, in flight
+constexpr int kKBlock = P::kKBlock;  // 128: four scale groups of 32
+constexpr int kW = P::kWords;        // 4 bf16 words of 8 k per lane per k block
+// 16-byte words of one staged chunk (all kGroups groups) and per thread.
+constexpr int kChunkWords = kChunk * kW * kGroups * 32;
+constexpr int kChunkWordsPerThread = kChunkWords / kStreamThreads;
+static_assert(kChunkWords % kStreamThreads == 0, "every thread stages the same count of words");
+// k blocks of weights in a warp's ring (kStages - 1 in flight; 5 and 6 were no faster on the
+// H200, bench/results/2026-12-04-stream-experts/).
+constexpr int kStages = 4;
+static_assert(kChunk * 16 == 32, "a warp stages one token's chunk: 32 words, one per lane");
+// A warp's ring slot: per tile rows lo and hi, 32 lanes' 16-byte codes, then their 4-byte scale
+// words.
+constexpr int kSlotWords = kTiles * 2 * 32;
+constexpr size_t kSmemBytes = kXBuffers * kChunkWords * sizeof(uint4) +
+                              size_t{kStreamWarps} * kStages * kSlotWords * (sizeof(uint4) + 4);
+
+// 16 bytes of a weight stream, L1 bypassed, the rest of its 256-byte L2 line prefetched.
+__device__ __forceinline__ void CpAsync16Stream(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(SmemAddr(smem)),
+               "l"(gmem)
+               : "memory");
+}
+// 4 bytes (both addresses 4-byte aligned).
+__device__ __forceinline__ void CpAsync4(void* smem, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(SmemAddr(smem)), "l"(gmem)
+               : "memory");
+}
+
+// Column c of a row of 8-column groups stored in the pairing of the MXFP4 expansion: (0, 4),
+// (1, 5), (2, 6), (3, 7) (LoadBf16x8Pair4's order), so that a 16-byte copy of 8 stored columns is
+// the expansion's B word as it is.
+__device__ __forceinline__ int64_t Pair4Column(int64_t c) {
+  return (c & ~int64_t{7}) | ((c & 3) << 1) | ((c >> 2) & 1);
+}
+
+// u [T, D] fp32 -> bf16 in the pairing above (8 columns a thread; D % 8 == 0).
+__global__ void CastPair4Kernel(const float* u, int64_t words, uint4* xb) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < words) xb[i] = LoadBf16x8Pair4(u + 8 * i);
+}
+
+// f(integral_constant<int, groups>) for 1 <= groups <= G.
+template <int G, class F>
+__device__ __forceinline__ void DispatchGroups(int groups, F& f) {
+  if constexpr (G > 1) {
+    if (groups < G) {
+      DispatchGroups<G - 1>(groups, f);
+      return;
+    }
+  }
+  f(std::integral_constant<int, G>{});
+}
+
+// One block: tiles blockIdx.x * kStreamWarps + warp of expert active[blockIdx.y]. x bf16 rows in
+// the pairing above (by_token: row order[a] / top_k of assignment a, else row a). kSwiGlu: y is h
+// [A, n_out] bf16 in that pairing too (the down kernel's x); else y fp32 as StoreMmaGroup writes.
+template <bool kSwiGlu>
+__global__ void __launch_bounds__(kStreamThreads, kBlocksPerSm)
+    ExpertStreamKernel(const __nv_bfloat16* x, int64_t ldx, bool by_token, bool scatter_out,
+                       int64_t top_k, Mxfp4Matrix weight, int64_t n_out, int64_t k_in,
+                       float limit, const int32_t* order, const int32_t* offsets,
+                       const int32_t* active, const int32_t* num_active, void* y) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  uint4* const xs = reinterpret_cast<uint4*>(smem_raw);  // [3][kChunk * kW][kGroups][32]
+  if (static_cast<int32_t>(blockIdx.y) >= *num_active) return;  // uniform across the block
+  const int32_t e = active[blockIdx.y];
+  const int32_t a0 = offsets[e], a1 = offsets[e + 1];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, quad = lane & 3;
+  MmaTile<P> mt[kTiles];
+  // The 4-byte scale words of the lane's rows (k block kb's four group bytes at word kb).
+  const uint32_t* s_lo[kTiles];
+  const uint32_t* s_hi[kTiles];
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i) {
+    const int64_t tile = (static_cast<int64_t>(blockIdx.x) * kStreamWarps + warp) * kTiles + i;
+    mt[i] = MakeMmaTile<P, kSwiGlu>(weight, e, tile, n_out, k_in);
+    s_lo[i] = reinterpret_cast<const uint32_t*>(mt[i].lo.s - quad);
+    s_hi[i] = reinterpret_cast<const uint32_t*>(mt[i].hi.s - quad);
+  }
+  const bool live = mt[0].live;  // a later tile of a live warp may be past n_out: ok_lo/ok_hi
+  const int kblocks = static_cast<int>(k_in / kKBlock);
+  const int chunks = (kblocks + kChunk - 1) / kChunk;
+  uint4* const ring_w = xs + kXBuffers * kChunkWords + warp * kStages * kSlotWords;
+  uint32_t* const ring_s = reinterpret_cast<uint32_t*>(xs + kXBuffers * kChunkWords +
+                                                       kStreamWarps * kStages * kSlotWords) +
+                           warp * kStages * kSlotWords;
+
+  for (int32_t p0 = a0; p0 < a1; p0 += kGroups * kMmaTokens) {
+    const int n = min(a1 - p0, kGroups * kMmaTokens);
+    const int groups = (n + kMmaTokens - 1) / kMmaTokens;
+    const int padded = groups * kMmaTokens;
+    // Chunk c of the pass's activations into buffer c % kXBuffers: warp w copies tokens w + 16 i,
+    // lane l the token's 16-byte word l of the chunk (k blocks of 16 words, in k order), stored
+    // as word (k block, word t, group, grp * 4 + q); tokens past n of the last group are
+    // zero-filled, groups past `groups` skipped. The source rows are read once per pass.
+    int32_t src[kChunkWordsPerThread];
+#pragma unroll
+    for (int i = 0; i < kChunkWordsPerThread; ++i) {
+      const int j = warp + i * kStreamWarps;
+      src[i] = j < n ? (by_token ? order[p0 + j] / static_cast<int32_t>(top_k) : p0 + j)
+                     : (j < padded ? -1 : -2);
+    }
+    const int x_kbl = lane / 16, x_q = (lane % 16) / 4, x_t = lane % 4;
+    auto issue_x = [&](int c) {
+      if (c >= chunks) return;
+      uint4* const buf = xs + (c % kXBuffers) * kChunkWords;
+      const int64_t k = static_cast<int64_t>(c * kChunk) * kKBlock + lane * 8;
+      if (k >= k_in) return;
+#pragma unroll
+      for (int i = 0; i < kChunkWordsPerThread; ++i) {
+        const int j = warp + i * kStreamWarps;
+        if (src[i] >= -1) {
+          CpAsync16(buf + ((x_kbl * kW + x_t) * kGroups + j / kMmaTokens) * 32 +
+                        (j % kMmaTokens) * 4 + x_q,
+                    x + static_cast<int64_t>(src[i] < 0 ? 0 : src[i]) * ldx + k, src[i] >= 0);
+        }
+      }
+    };
+    // K block kb of the lane's rows into ring slot kb % kStages.
+    auto issue_w = [&](int kb) {
+      if (live && kb < kblocks) {
+        const int slot = kb % kStages;
+#pragma unroll
+        for (int i = 0; i < kTiles; ++i) {
+          uint4* const w = ring_w + slot * kSlotWords + i * 64 + lane;
+          uint32_t* const sc = ring_s + slot * kSlotWords + i * 64 + lane;
+          CpAsync16Stream(w, mt[i].lo.w + kb * 4);
+          CpAsync16Stream(w + 32, mt[i].hi.w + kb * 4);
+          CpAsync4(sc, s_lo[i] + kb);
+          CpAsync4(sc + 32, s_hi[i] + kb);
+        }
+      }
+    };
+    // Commit groups: group s < kStages - 1 of the prologue holds k block s (and chunks 0, 1),
+    // the group of iteration kb k block kb + kStages - 1 (and at a chunk's first k block the
+    // chunk after next). Before iteration kb, wait_group<kStages - 2> means k block kb has
+    // landed; at a chunk's first k block (c + 2) C the chunk issued at cC needs
+    // wait_group<2 kChunk - 1> (the same where kStages - 1 <= 2 kChunk).
+    static_assert(kXBuffers == 3, "chunks are issued two ahead");
+    constexpr int kWaitChunk = kStages - 2 < 2 * kChunk - 1 ? kStages - 2 : 2 * kChunk - 1;
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      issue_w(s);
+      if (s < 2) issue_x(s);
+      CpAsyncCommit();
+    }
+
+    // The k loop and the epilogue for G groups (G = groups, a compile-time count: the products
+    // of absent groups would otherwise be issued predicated off, and their accumulators kept).
+    auto run = [&](auto groups_tag) {
+      constexpr int G = decltype(groups_tag)::value;
+      float acc[kTiles][G][4];
+#pragma unroll
+      for (int i = 0; i < kTiles; ++i) {
+#pragma unroll
+        for (int g = 0; g < G; ++g) acc[i][g][0] = acc[i][g][1] = acc[i][g][2] = acc[i][g][3] = 0.0f;
+      }
+      for (int kb = 0; kb < kblocks; ++kb) {
+        const int c = kb / kChunk, kbl = kb % kChunk;
+        if (kbl == 0) {
+          CpAsyncWait<kWaitChunk>();  // this thread's copies of k block kb and of chunk c
+          // Chunk c is everyone's; buffer (c + 2) % 3 was chunk c - 1's, whose readers are done.
+          __syncthreads();
+          issue_x(c + 2);
+        } else {
+          CpAsyncWait<kStages - 2>();  // this thread's copies of k block kb
+        }
+        issue_w(kb + kStages - 1);
+        CpAsyncCommit();
+        if (!live) continue;
+        const int slot = kb % kStages;
+        P::Raw lo[kTiles], hi[kTiles];
+        bool big = false;
+#pragma unroll
+        for (int i = 0; i < kTiles; ++i) {
+          lo[i].w = ring_w[slot * kSlotWords + i * 64 + lane];
+          hi[i].w = ring_w[slot * kSlotWords + i * 64 + 32 + lane];
+          lo[i].s = (ring_s[slot * kSlotWords + i * 64 + lane] >> (8 * quad)) & 0xFFu;
+          hi[i].s = (ring_s[slot * kSlotWords + i * 64 + 32 + lane] >> (8 * quad)) & 0xFFu;
+          big = big || P::Big(lo[i]) || P::Big(hi[i]);
+        }
+        const uint4* const xk = xs + (c % kXBuffers) * kChunkWords;
+        auto products = [&](auto expand) {
+#pragma unroll
+          for (int t = 0; t < kW; ++t) {
+            const int v = kbl * kW + t;
+            uint4 a_lo[kTiles], a_hi[kTiles];
+#pragma unroll
+            for (int i = 0; i < kTiles; ++i) a_lo[i] = expand(lo[i], t), a_hi[i] = expand(hi[i], t);
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+              const uint4 b = xk[(v * kGroups + g) * 32 + lane];
+#pragma unroll
+              for (int i = 0; i < kTiles; ++i) MmaWord(acc[i][g], a_lo[i], a_hi[i], b);
+            }
+          }
+        };
+        // A warp with any scale above 2^1 in this k block takes the two products (the lanes are
+        // converged: the loop and the tiles are uniform per warp).
+        if (__any_sync(0xffffffffu, big)) {
+          products([](const P::Raw& r, int t) { return P::ExpandBig(r, t); });
+        } else {
+          products([](const P::Raw& r, int t) { return P::Expand(r, t); });
+        }
+      }
+      if (!live) return;
+#pragma unroll
+      for (int i = 0; i < kTiles; ++i) {
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          const int g0 = p0 + g * kMmaTokens, ng = min(n - g * kMmaTokens, kMmaTokens);
+          if constexpr (kSwiGlu) {
+            // Gate acc[h] and up acc[2 + h] of column out_lo for token 2 quad + h of the group.
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int j = 2 * quad + h;
+              if (j < ng && mt[i].ok_lo) {
+                static_cast<__nv_bfloat16*>(y)[static_cast<int64_t>(g0 + j) * n_out +
+                                               Pair4Column(mt[i].out_lo)] =
+                    __float2bfloat16_rn(ClampedSwiGlu(acc[i][g][h], acc[i][g][2 + h], limit));
+              }
+            }
+          } else {
+            StoreMmaGroup<false>(acc[i][g], g0, ng, quad, mt[i], n_out, limit, scatter_out, order,
+                                 y);
+          }
+        }
+      }
+    };
+    DispatchGroups<kGroups>(groups, run);
+    __syncthreads();  // the last chunks' readers are done before the next pass stages its own
+  }
+}
+
+// Grid x: 16-row tiles (8 SwiGLU columns), kStreamWarps a block.
+template <bool kSwiGlu>
+unsigned StreamBlocks(int64_t n_out) {
+  constexpr int64_t kPerBlock = (kSwiGlu ? 8 : 16) * kTiles * kStreamWarps;
+  return static_cast<unsigned>((n_out + kPerBlock - 1) / kPerBlock);
+}
+
+template <bool kSwiGlu>
+absl::Status LaunchStream(unsigned max_active, cudaStream_t stream, const __nv_bfloat16* x,
+                          int64_t ldx, bool by_token, bool scatter_out, int64_t top_k,
+                          const Mxfp4Matrix& weight, int64_t n_out, int64_t k_in, float limit,
+                          const MoeWorkspace& w, void* y) {
+  auto kernel = ExpertStreamKernel<kSwiGlu>;
+  constexpr size_t smem = kSmemBytes;
+  CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(smem)));
+  kernel<<<dim3(StreamBlocks<kSwiGlu>(n_out), max_active), kStreamThreads, smem, stream>>>(
+      x, ldx, by_token, scatter_out, top_k, weight, n_out, k_in, limit, w.order, w.offsets,
+      w.active, w.num_active, y);
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+bool Aligned4(const void* p) { return reinterpret_cast<uintptr_t>(p) % 4 == 0; }
+
+}  // namespace
+
+bool MoeStreamFits(const ExpertsShape& d, const Mxfp4Matrix& gate_up, const Mxfp4Matrix& down,
+                   int mode) {
+  if (mode == 0 || d.tokens <= 0 || d.top_k <= 0) return false;
+  const int64_t a = d.tokens * d.top_k;
+  const bool fits = d.dim > 0 && d.inter > 0 && d.dim % kKBlock == 0 &&
+                    d.inter % kKBlock == 0 && d.experts >= 1 && d.experts <= 65535 &&
+                    gate_up.w != nullptr && down.w != nullptr && gate_up.scale != nullptr &&
+                    down.scale != nullptr && gate_up.rows == d.experts * 2 * d.inter &&
+                    gate_up.cols == d.dim && down.rows == d.experts * d.dim &&
+                    down.cols == d.inter && Aligned16(gate_up.w) && Aligned16(down.w) &&
+                    Aligned4(gate_up.scale) && Aligned4(down.scale) && a <= (int64_t{1} << 30);
+  if (!fits) return false;
+  return mode == 2 || a >= kMoeStreamMinAverage * d.experts;
+}
+
+absl::Status MoeExpertsStream(const ExpertsShape& d, const float* u, const float* weights,
+                              const Mxfp4Matrix& gate_up, const Mxfp4Matrix& down,
+                              const MoeWorkspace& w, float* out, cudaStream_t stream) {
+  if (!MoeStreamFits(d, gate_up, down, 2)) {
+    return absl::InvalidArgumentError(
+        "MoeExpertsStream: needs D % 128 == 0, I % 128 == 0, gate_up [E * 2I, D], down [E * D, "
+        "I], 16-byte aligned codes and 4-byte aligned scales (MoeStreamFits)");
+  }
+  const int64_t a = d.tokens * d.top_k;
+  const unsigned max_active = static_cast<unsigned>(std::min<int64_t>(d.experts, a));
+  const int64_t words = d.tokens * d.dim / 8;
+  CastPair4Kernel<<<static_cast<unsigned>((words + 255) / 256), 256, 0, stream>>>(
+      u, words, reinterpret_cast<uint4*>(w.xb));
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  const auto* xb = reinterpret_cast<const __nv_bfloat16*>(w.xb);
+  auto* h = reinterpret_cast<__nv_bfloat16*>(w.h);
+  RETURN_IF_ERROR((LaunchStream<true>(max_active, stream, xb, d.dim, true, false, d.top_k,
+                                      gate_up, d.inter, d.dim, d.swiglu_limit, w, h)));
+  RETURN_IF_ERROR((LaunchStream<false>(max_active, stream, h, d.inter, false, true, d.top_k, down,
+                                       d.dim, d.inter, 0.0f, w, w.y)));
+  return CombineAssignments(d, w.y, nullptr, weights, out, stream);
+}
+
+}  // namespace dsv4::cuda
