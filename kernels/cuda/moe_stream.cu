@@ -70,19 +70,26 @@ static_assert(kChunk * 16 == 32, "a warp stages one token's chunk: 32 words, one
 // A warp's ring slot: per tile rows lo and hi, 32 lanes' 16-byte codes, then their 4-byte scale
 // words.
 constexpr int kSlotWords = kTiles * 2 * 32;
+static_assert((kStages & (kStages - 1)) == 0 && kStreamWarps % kMmaTokens == 0, "slots by mask");
+// Bytes between the staged words of a thread's consecutive tokens (kStreamWarps apart).
+constexpr uint32_t kXTokenStride = (kStreamWarps / kMmaTokens) * 32 * 16;
 constexpr size_t kSmemBytes = kXBuffers * kChunkWords * sizeof(uint4) +
                               size_t{kStreamWarps} * kStages * kSlotWords * (sizeof(uint4) + 4);
 
-// 16 bytes of a weight stream, L1 bypassed, the rest of its 256-byte L2 line prefetched.
-__device__ __forceinline__ void CpAsync16Stream(void* smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(SmemAddr(smem)),
-               "l"(gmem)
+// cp.async to a shared-memory address (SmemAddr) computed once: 16 bytes of a weight stream, L1
+// bypassed, the rest of its 256-byte L2 line prefetched; 16 bytes zero-filled when !valid; 4
+// bytes (both addresses 4-byte aligned).
+__device__ __forceinline__ void CpAsync16Stream(uint32_t smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem)
                : "memory");
 }
-// 4 bytes (both addresses 4-byte aligned).
-__device__ __forceinline__ void CpAsync4(void* smem, const void* gmem) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(SmemAddr(smem)), "l"(gmem)
+__device__ __forceinline__ void CpAsync16(uint32_t smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
+               "r"(valid ? 16 : 0)
                : "memory");
+}
+__device__ __forceinline__ void CpAsync4(uint32_t smem, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem), "l"(gmem) : "memory");
 }
 
 // Column c of a row of 8-column groups stored in the pairing of the MXFP4 expansion: (0, 4),
@@ -143,6 +150,12 @@ __global__ void __launch_bounds__(kStreamThreads, kBlocksPerSm)
   uint32_t* const ring_s = reinterpret_cast<uint32_t*>(xs + kXBuffers * kChunkWords +
                                                        kStreamWarps * kStages * kSlotWords) +
                            warp * kStages * kSlotWords;
+  // Shared addresses of this lane's copies: ring slot 0, and its staged activation word of
+  // chunk buffer 0 for its first token (lane = k block kbl * 16 + quarter q * 4 + word t).
+  const uint32_t ring_w_addr = SmemAddr(ring_w + lane), ring_s_addr = SmemAddr(ring_s + lane);
+  const uint32_t x_dst = SmemAddr(
+      xs + (((lane / 16) * kW + lane % 4) * kGroups + warp / kMmaTokens) * 32 +
+      (warp % kMmaTokens) * 4 + (lane % 16) / 4);
 
   for (int32_t p0 = a0; p0 < a1; p0 += kGroups * kMmaTokens) {
     const int n = min(a1 - p0, kGroups * kMmaTokens);
@@ -152,41 +165,39 @@ __global__ void __launch_bounds__(kStreamThreads, kBlocksPerSm)
     // lane l the token's 16-byte word l of the chunk (k blocks of 16 words, in k order), stored
     // as word (k block, word t, group, grp * 4 + q); tokens past n of the last group are
     // zero-filled, groups past `groups` skipped. The source rows are read once per pass.
-    int32_t src[kChunkWordsPerThread];
+    // xoff[i]: token warp + i * kStreamWarps's row in x plus this lane's column (-1: zero-fill,
+    // -2: past the pass's groups). Its word lands at x_dst + i * kXTokenStride (the token's group
+    // advances by kStreamWarps / 8 with i, its place in the group stays).
+    int32_t xoff[kChunkWordsPerThread];
 #pragma unroll
     for (int i = 0; i < kChunkWordsPerThread; ++i) {
       const int j = warp + i * kStreamWarps;
-      src[i] = j < n ? (by_token ? order[p0 + j] / static_cast<int32_t>(top_k) : p0 + j)
-                     : (j < padded ? -1 : -2);
+      xoff[i] = j < n ? (by_token ? order[p0 + j] / static_cast<int32_t>(top_k) : p0 + j) *
+                            static_cast<int32_t>(ldx) + lane * 8
+                      : (j < padded ? -1 : -2);
     }
-    const int x_kbl = lane / 16, x_q = (lane % 16) / 4, x_t = lane % 4;
     auto issue_x = [&](int c) {
-      if (c >= chunks) return;
-      uint4* const buf = xs + (c % kXBuffers) * kChunkWords;
-      const int64_t k = static_cast<int64_t>(c * kChunk) * kKBlock + lane * 8;
-      if (k >= k_in) return;
+      if (c >= chunks || static_cast<int64_t>(c * kChunk) * kKBlock + lane * 8 >= k_in) return;
+      const uint32_t dst = x_dst + (c % kXBuffers) * (kChunkWords * 16);
+      const __nv_bfloat16* const src = x + c * kChunk * kKBlock;
 #pragma unroll
       for (int i = 0; i < kChunkWordsPerThread; ++i) {
-        const int j = warp + i * kStreamWarps;
-        if (src[i] >= -1) {
-          CpAsync16(buf + ((x_kbl * kW + x_t) * kGroups + j / kMmaTokens) * 32 +
-                        (j % kMmaTokens) * 4 + x_q,
-                    x + static_cast<int64_t>(src[i] < 0 ? 0 : src[i]) * ldx + k, src[i] >= 0);
+        if (xoff[i] >= -1) {
+          CpAsync16(dst + i * kXTokenStride, src + (xoff[i] < 0 ? 0 : xoff[i]), xoff[i] >= 0);
         }
       }
     };
     // K block kb of the lane's rows into ring slot kb % kStages.
     auto issue_w = [&](int kb) {
       if (live && kb < kblocks) {
-        const int slot = kb % kStages;
+        const uint32_t w = ring_w_addr + (kb & (kStages - 1)) * (kSlotWords * 16);
+        const uint32_t sc = ring_s_addr + (kb & (kStages - 1)) * (kSlotWords * 4);
 #pragma unroll
         for (int i = 0; i < kTiles; ++i) {
-          uint4* const w = ring_w + slot * kSlotWords + i * 64 + lane;
-          uint32_t* const sc = ring_s + slot * kSlotWords + i * 64 + lane;
-          CpAsync16Stream(w, mt[i].lo.w + kb * 4);
-          CpAsync16Stream(w + 32, mt[i].hi.w + kb * 4);
-          CpAsync4(sc, s_lo[i] + kb);
-          CpAsync4(sc + 32, s_hi[i] + kb);
+          CpAsync16Stream(w + i * 1024, mt[i].lo.w + kb * 4);
+          CpAsync16Stream(w + i * 1024 + 512, mt[i].hi.w + kb * 4);
+          CpAsync4(sc + i * 256, s_lo[i] + kb);
+          CpAsync4(sc + i * 256 + 128, s_hi[i] + kb);
         }
       }
     };
@@ -328,7 +339,8 @@ bool MoeStreamFits(const ExpertsShape& d, const Mxfp4Matrix& gate_up, const Mxfp
                     down.scale != nullptr && gate_up.rows == d.experts * 2 * d.inter &&
                     gate_up.cols == d.dim && down.rows == d.experts * d.dim &&
                     down.cols == d.inter && Aligned16(gate_up.w) && Aligned16(down.w) &&
-                    Aligned4(gate_up.scale) && Aligned4(down.scale) && a <= (int64_t{1} << 30);
+                    Aligned4(gate_up.scale) && Aligned4(down.scale) && a <= (int64_t{1} << 30) &&
+                    d.tokens * d.dim < (int64_t{1} << 31) && a * d.inter < (int64_t{1} << 31);
   if (!fits) return false;
   return mode == 2 || a >= kMoeStreamMinAverage * d.experts;
 }

@@ -25,7 +25,7 @@ constexpr int64_t kMoeStreamMinAverage = 12;
 
 // Whether the streaming kernels take these experts: D and I multiples of 128 (whole 128-wide k
 // blocks: four scale groups of 32), gate_up [E * 2I, D] and down [E * D, I], 16-byte aligned
-// codes and 4-byte aligned scales, and (`mode` 1) the step's experts average at least
+// codes and 4-byte aligned scales, T D and T K I under 2^31 (32-bit row offsets), and (`mode` 1) the step's experts average at least
 // kMoeStreamMinAverage assignments; `mode` 0 never, 2 wherever the shapes fit (tests).
 bool MoeStreamFits(const ::dsv4::ExpertsShape& d, const Mxfp4Matrix& gate_up,
                    const Mxfp4Matrix& down, int mode);
