@@ -60,6 +60,9 @@ struct MoeKernels {
   // kernels (moe_stream.h): 0 off (the wide kernel, the A/B baseline), 1 by shape (the experts
   // average at least kMoeStreamMinAverage assignments), 2 wherever the shapes fit (tests).
   int stream = 1;
+  // DSV4_MOE_STREAM_WGMMA: those kernels' products on warpgroup MMAs; false: mma.sync (the A/B
+  // baseline; the same bits).
+  bool stream_wgmma = true;
   // false: bf16 weights take the grouped FMA GEMV of fp32 weights too (the batch-invariant
   // mode's: a token's sums never depend on how many tokens share its expert, which the
   // tensor-core kernels' K splits and kernel choice by token count do).

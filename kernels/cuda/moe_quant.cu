@@ -131,7 +131,9 @@ absl::Status RunQuantExperts(const ExpertsDims& d, const float* u, const int32_t
                            kernels.fp8_activations, u, weights, tgu, tdn, w, out, stream);
   }
   if constexpr (std::is_same_v<P, Mxfp4Weights>) {
-    if (use_stream) return MoeExpertsStream(d, u, weights, gate_up, down, w, out, stream);
+    if (use_stream) {
+      return MoeExpertsStream(d, kernels.stream_wgmma, u, weights, gate_up, down, w, out, stream);
+    }
   }
   if constexpr (std::is_same_v<P, Mxfp4Weights>) {
     // Steps without a wide pass: ExpertMmaKernel with the folded expansion (Mxfp4FoldWeights,

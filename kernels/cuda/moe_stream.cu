@@ -15,27 +15,38 @@
 // cp.async.wait_group. 16 warps (256 weight rows) share one block's staged activations: the
 // pass's tokens (up to kGroups groups of 8) in chunks of kChunk k blocks, three buffers, each
 // chunk copied by cp.async two chunks ahead in the same commit groups as the weights, so the one
-// barrier per chunk never drains a weight ring. The activations are stored in the pairing the
-// expansion produces ((0, 4), (1, 5), (2, 6), (3, 7) in each 8 columns): u by the cast kernel
-// here, h by the gate_up epilogue, so a 16-byte copy is the B word as it is. An expert with more
-// than kGroups * 8 assignments streams its weights once per pass.
+// barrier per chunk never drains a weight ring. The activations are stored in the column order
+// the products read (below): u by a cast kernel here, h by the gate_up epilogue, so a 16-byte
+// copy needs no shuffle. An expert with more than kGroups * 8 assignments streams its weights
+// once per pass.
+//
+// The products (DSV4_MOE_STREAM_WGMMA): by default on warpgroup MMAs, wgmma m64nNk16 with N = 8
+// per group: each warp's expanded words are its 16 rows of A in registers (two register sets, so
+// the next word expands while a word's products run), and the staged activations are B, read by
+// the tensor cores from shared memory in the 128-byte swizzle (no shared-memory loads per warp,
+// which were the mma.sync kernel's largest stall). For that u and h are stored in the order the
+// A fragments take the columns (LogicalOfPhysical: each k16 step's 16 columns consecutive). The
+// baseline, `mma.sync` m16n8k16, reads each group's B word from shared memory per warp, with u
+// and h in the expansion's pair order (Pair4Column).
 //
 // gate_up: h = SwiGLU in bf16 [A, I] in assignment order; down: y in (t, k) order
 // (scatter_out), then the deterministic combine. Per output the products are the wide kernel's
-// (moe_mma.cuh, the same bf16 operands, k blocks in order, two mma steps a word, K unsplit), so
-// the two give the same bits. The k loop is compiled per group count (DispatchGroups): with a
-// runtime bound the products of absent groups were issued predicated off.
+// (moe_mma.cuh, the same bf16 operands, k blocks in order, K unsplit): both product paths give
+// the wide kernel's bits (CudaMoeStream.GivesTheWideKernelsBits). The k loop is compiled per
+// group count (DispatchGroups): with a runtime bound the products of absent groups were issued
+// predicated off.
 //
 // H200, 256 Flash experts, uniform routing (bench/dsv4_gpu_kernels_bench --moe-quant-only;
-// bench/results/2026-12-04-stream-experts/): T = 1024 2.81-2.92 ms against the wide kernel's
-// 4.18-4.20 (1.2 TB/s of MXFP4 weights against 0.82), T = 512 2.39-2.45 against 2.70; slice3
-// TTFT at 1k in precision fp8 13.28-13.41 ms against 16.87-16.91. Nsight Compute: 0.38 issued
-// instructions per scheduler cycle, ~330 instructions per warp and k block (the expansion's
-// integer work, the products, the activations' shared-memory reads), L1/TEX 65 % busy, DRAM 26 %:
-// bound by issue and latency, not by HBM. Not kept: 5 or 6 ring stages (no faster, 6 slower), a
-// swizzle of the staged activations' slots (conflict-free copies; no faster), two tiles a warp
-// with 4 groups a pass (kernel 2.57 ms at T = 1024, but TTFT 13.62 ms: experts over 32
-// assignments take a second pass), 8 warps a block at two blocks an SM (TTFT 13.79 ms).
+// bench/results/2026-12-04-stream-experts/): T = 1024 2.54 ms on wgmma, 2.81 on mma.sync, against
+// the wide kernel's 4.16 (1.35 TB/s of MXFP4 weights against 0.82); T = 512 2.42 / 2.38 against
+// 2.69; slice3 TTFT at 1k in precision fp8 12.26 ms (mma.sync 13.34, the wide kernel 16.9).
+// Nsight Compute (gate_up, 1k prefill): 0.47 instructions issued a scheduler cycle (mma.sync
+// 0.38, whose top stalls were shared-memory loads: short scoreboard and MIO throttle), DRAM 29 %;
+// the e2m1 to bf16 expansion (~20 instructions per 8 codes) is most of what is left. Not kept: 5
+// or 6 ring stages (no faster, 6 slower), a swizzle of the mma.sync kernel's staged words
+// (conflict-free copies; no faster), two tiles a warp with 4 groups a pass (kernel 2.57 ms at
+// T = 1024 on mma.sync, but TTFT 13.62 ms: experts over 32 assignments take a second pass), 8
+// warps a block at two blocks an SM (TTFT 13.79 ms).
 #include "kernels/cuda/moe_stream.h"
 
 #include <algorithm>
@@ -45,6 +56,7 @@
 #include "kernels/common/cuda_check.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe_mma.cuh"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace dsv4::cuda {
 namespace {
@@ -105,6 +117,53 @@ __global__ void CastPair4Kernel(const float* u, int64_t words, uint4* xb) {
   if (i < words) xb[i] = LoadBf16x8Pair4(u + 8 * i);
 }
 
+// The wgmma kernels' column order: in each 128 columns (a k block), the column that A-fragment
+// position (k16 step σ = 2 t + h, k ℓ) holds after the expansion of word t of quad lane q:
+// physical 32 q + 8 t + 2 h + o + 4 e for ℓ = 8 o + 2 q + e, stored at logical 16 σ + ℓ, so that
+// a k16 step's B tile is 16 consecutive stored columns.
+__device__ __forceinline__ int LogicalOfPhysical(int p) {
+  const int q = p >> 5, t = (p >> 3) & 3, r = p & 7;
+  return 16 * (2 * t + ((r >> 1) & 1)) + 8 * (r & 1) + 2 * q + (r >> 2);
+}
+__device__ __forceinline__ int PhysicalOfLogical(int l) {
+  const int sg = l >> 4, r = l & 15;
+  return 32 * ((r & 7) >> 1) + 8 * (sg >> 1) + 2 * (sg & 1) + (r >> 3) + 4 * (r & 1);
+}
+template <bool kWg>
+__device__ __forceinline__ int64_t StoredColumn(int64_t c) {
+  if constexpr (kWg) {
+    return (c & ~int64_t{127}) | LogicalOfPhysical(static_cast<int>(c & 127));
+  } else {
+    return Pair4Column(c);
+  }
+}
+// u [T, D] fp32 -> bf16 in the wgmma kernels' order (8 stored columns a thread; D % 128 == 0).
+__global__ void CastLogicalKernel(const float* u, int64_t words, uint4* xb) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= words) return;
+  const float* blk = u + (8 * i & ~int64_t{127});
+  const int l0 = static_cast<int>(8 * i & 127);
+  uint32_t o[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    o[j] = PackBf16x2(blk[PhysicalOfLogical(l0 + 2 * j)], blk[PhysicalOfLogical(l0 + 2 * j + 1)]);
+  }
+  xb[i] = make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+// The compiler sees an asynchronous product's A registers as read and written here: they keep
+// their values (are not reused) from the wgmma that reads them to this point (its wait).
+__device__ __forceinline__ void KeepLive(uint4 (&v)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    asm volatile("" : "+r"(v[i].x), "+r"(v[i].y), "+r"(v[i].z), "+r"(v[i].w)::"memory");
+  }
+}
+// Four bf16x2 products by one pair.
+__device__ __forceinline__ uint4 MulBf16x8(const uint4& v, uint32_t f) {
+  return make_uint4(MulBf16x2(v.x, f), MulBf16x2(v.y, f), MulBf16x2(v.z, f), MulBf16x2(v.w, f));
+}
+
 // f(integral_constant<int, groups>) for 1 <= groups <= G.
 template <int G, class F>
 __device__ __forceinline__ void DispatchGroups(int groups, F& f) {
@@ -120,14 +179,17 @@ __device__ __forceinline__ void DispatchGroups(int groups, F& f) {
 // One block: tiles blockIdx.x * kStreamWarps + warp of expert active[blockIdx.y]. x bf16 rows in
 // the pairing above (by_token: row order[a] / top_k of assignment a, else row a). kSwiGlu: y is h
 // [A, n_out] bf16 in that pairing too (the down kernel's x); else y fp32 as StoreMmaGroup writes.
-template <bool kSwiGlu>
+template <bool kSwiGlu, bool kWg>
 __global__ void __launch_bounds__(kStreamThreads, kBlocksPerSm)
     ExpertStreamKernel(const __nv_bfloat16* x, int64_t ldx, bool by_token, bool scatter_out,
                        int64_t top_k, Mxfp4Matrix weight, int64_t n_out, int64_t k_in,
                        float limit, const int32_t* order, const int32_t* offsets,
                        const int32_t* active, const int32_t* num_active, void* y) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  uint4* const xs = reinterpret_cast<uint4*>(smem_raw);  // [3][kChunk * kW][kGroups][32]
+  // [3][kChunk * kW][kGroups][32] words; kWg: [3][kChunk][2][64 rows][128 bytes] swizzled tiles,
+  // 1024-byte aligned.
+  uint4* const xs = reinterpret_cast<uint4*>(smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023));
+  static_assert(!kWg || kTiles == 1, "a warpgroup's A is its four warps' 16-row tiles");
   if (static_cast<int32_t>(blockIdx.y) >= *num_active) return;  // uniform across the block
   const int32_t e = active[blockIdx.y];
   const int32_t a0 = offsets[e], a1 = offsets[e + 1];
@@ -153,9 +215,13 @@ __global__ void __launch_bounds__(kStreamThreads, kBlocksPerSm)
   // Shared addresses of this lane's copies: ring slot 0, and its staged activation word of
   // chunk buffer 0 for its first token (lane = k block kbl * 16 + quarter q * 4 + word t).
   const uint32_t ring_w_addr = SmemAddr(ring_w + lane), ring_s_addr = SmemAddr(ring_s + lane);
-  const uint32_t x_dst = SmemAddr(
-      xs + (((lane / 16) * kW + lane % 4) * kGroups + warp / kMmaTokens) * 32 +
-      (warp % kMmaTokens) * 4 + (lane % 16) / 4);
+  // kWg: the word lands in tile (kbl, half) = lane / 8, row = token, 16-byte chunk lane % 8
+  // swizzled by row % 8 (= warp % 8 for all of this thread's tokens).
+  const uint32_t x_dst =
+      kWg ? SmemAddr(xs) + (lane / 8) * 8192 + warp * 128 + (((lane % 8) ^ (warp % 8)) << 4)
+          : SmemAddr(xs + (((lane / 16) * kW + lane % 4) * kGroups + warp / kMmaTokens) * 32 +
+                     (warp % kMmaTokens) * 4 + (lane % 16) / 4);
+  constexpr uint32_t kTokenStride = kWg ? kStreamWarps * 128 : kXTokenStride;
 
   for (int32_t p0 = a0; p0 < a1; p0 += kGroups * kMmaTokens) {
     const int n = min(a1 - p0, kGroups * kMmaTokens);
@@ -183,13 +249,13 @@ __global__ void __launch_bounds__(kStreamThreads, kBlocksPerSm)
 #pragma unroll
       for (int i = 0; i < kChunkWordsPerThread; ++i) {
         if (xoff[i] >= -1) {
-          CpAsync16(dst + i * kXTokenStride, src + (xoff[i] < 0 ? 0 : xoff[i]), xoff[i] >= 0);
+          CpAsync16(dst + i * kTokenStride, src + (xoff[i] < 0 ? 0 : xoff[i]), xoff[i] >= 0);
         }
       }
     };
     // K block kb of the lane's rows into ring slot kb % kStages.
     auto issue_w = [&](int kb) {
-      if (live && kb < kblocks) {
+      if ((kWg || live) && kb < kblocks) {  // kWg: every warp of a warpgroup multiplies
         const uint32_t w = ring_w_addr + (kb & (kStages - 1)) * (kSlotWords * 16);
         const uint32_t sc = ring_s_addr + (kb & (kStages - 1)) * (kSlotWords * 4);
 #pragma unroll
@@ -219,16 +285,25 @@ __global__ void __launch_bounds__(kStreamThreads, kBlocksPerSm)
     // of absent groups would otherwise be issued predicated off, and their accumulators kept).
     auto run = [&](auto groups_tag) {
       constexpr int G = decltype(groups_tag)::value;
-      float acc[kTiles][G][4];
+      float acc[kTiles][G][4];  // kWg: the wgmma accumulators of n8 tile g, the same layout
 #pragma unroll
       for (int i = 0; i < kTiles; ++i) {
 #pragma unroll
         for (int g = 0; g < G; ++g) acc[i][g][0] = acc[i][g][1] = acc[i][g][2] = acc[i][g][3] = 0.0f;
       }
+      float(&d)[4 * G] = reinterpret_cast<float(&)[4 * G]>(acc[0][0][0]);
+      [[maybe_unused]] uint4 a[2][2] = {};  // kWg: the A register sets of the words in flight
       for (int kb = 0; kb < kblocks; ++kb) {
         const int c = kb / kChunk, kbl = kb % kChunk;
         if (kbl == 0) {
           CpAsyncWait<kWaitChunk>();  // this thread's copies of k block kb and of chunk c
+          if constexpr (kWg) {
+            WgmmaWait<0>();  // this warpgroup's products reading chunk c - 1
+            KeepLive(a[0]);
+            KeepLive(a[1]);
+            WgmmaFenceOperands(d);
+            FenceProxyAsyncShared();  // chunk c's copies, for the products' reads
+          }
           // Chunk c is everyone's; buffer (c + 2) % 3 was chunk c - 1's, whose readers are done.
           __syncthreads();
           issue_x(c + 2);
@@ -237,7 +312,7 @@ __global__ void __launch_bounds__(kStreamThreads, kBlocksPerSm)
         }
         issue_w(kb + kStages - 1);
         CpAsyncCommit();
-        if (!live) continue;
+        if (!kWg && !live) continue;
         const int slot = kb % kStages;
         P::Raw lo[kTiles], hi[kTiles];
         bool big = false;
@@ -250,6 +325,33 @@ __global__ void __launch_bounds__(kStreamThreads, kBlocksPerSm)
           big = big || P::Big(lo[i]) || P::Big(hi[i]);
         }
         const uint4* const xk = xs + (c % kXBuffers) * kChunkWords;
+        if constexpr (kWg) {
+          // Word t's two k16 steps (h = 0, 1) on the warpgroup, A from registers: two register
+          // sets (a, at the lambda's scope) so that word t + 1 is expanded while word t's
+          // products run. One code path for the whole warpgroup (the scale product of a k block
+          // with scales above 2^1 is a select, not a branch around the wgmma).
+          const bool any_big = __any_sync(0xffffffffu, big);
+          const uint32_t tiles = SmemAddr(xk) + kbl * 2 * 8192;
+#pragma unroll
+          for (int t = 0; t < kW; ++t) {
+            WgmmaWait<1>();  // word t - 2's products, the last readers of a[t % 2]
+            KeepLive(a[t % 2]);
+            a[t % 2][0] = P::Expand(lo[0], t);
+            a[t % 2][1] = P::Expand(hi[0], t);
+            if (any_big) {
+              a[t % 2][0] = MulBf16x8(a[t % 2][0], E8M0RestBf16x2(lo[0].s));
+              a[t % 2][1] = MulBf16x8(a[t % 2][1], E8M0RestBf16x2(hi[0].s));
+            }
+            const uint4 al = a[t % 2][0], ah = a[t % 2][1];
+            const uint32_t tile = tiles + (t / 2) * 8192 + (t % 2) * 64;  // steps 2t, 2t + 1
+            WgmmaFenceOperands(d);
+            WgmmaFence();
+            WgmmaBf16RegA<8 * G>(d, al.x, ah.x, al.y, ah.y, WgmmaDescSw128Addr(tile));
+            WgmmaBf16RegA<8 * G>(d, al.z, ah.z, al.w, ah.w, WgmmaDescSw128Addr(tile + 32));
+            WgmmaCommit();
+          }
+          continue;
+        }
         auto products = [&](auto expand) {
 #pragma unroll
           for (int t = 0; t < kW; ++t) {
@@ -273,6 +375,12 @@ __global__ void __launch_bounds__(kStreamThreads, kBlocksPerSm)
           products([](const P::Raw& r, int t) { return P::Expand(r, t); });
         }
       }
+      if constexpr (kWg) {
+        WgmmaWait<0>();
+        KeepLive(a[0]);
+        KeepLive(a[1]);
+        WgmmaFenceOperands(d);
+      }
       if (!live) return;
 #pragma unroll
       for (int i = 0; i < kTiles; ++i) {
@@ -286,7 +394,7 @@ __global__ void __launch_bounds__(kStreamThreads, kBlocksPerSm)
               const int j = 2 * quad + h;
               if (j < ng && mt[i].ok_lo) {
                 static_cast<__nv_bfloat16*>(y)[static_cast<int64_t>(g0 + j) * n_out +
-                                               Pair4Column(mt[i].out_lo)] =
+                                               StoredColumn<kWg>(mt[i].out_lo)] =
                     __float2bfloat16_rn(ClampedSwiGlu(acc[i][g][h], acc[i][g][2 + h], limit));
               }
             }
@@ -309,13 +417,13 @@ unsigned StreamBlocks(int64_t n_out) {
   return static_cast<unsigned>((n_out + kPerBlock - 1) / kPerBlock);
 }
 
-template <bool kSwiGlu>
+template <bool kSwiGlu, bool kWg>
 absl::Status LaunchStream(unsigned max_active, cudaStream_t stream, const __nv_bfloat16* x,
                           int64_t ldx, bool by_token, bool scatter_out, int64_t top_k,
                           const Mxfp4Matrix& weight, int64_t n_out, int64_t k_in, float limit,
                           const MoeWorkspace& w, void* y) {
-  auto kernel = ExpertStreamKernel<kSwiGlu>;
-  constexpr size_t smem = kSmemBytes;
+  auto kernel = ExpertStreamKernel<kSwiGlu, kWg>;
+  constexpr size_t smem = kSmemBytes + 1024;  // + the 1024-byte alignment of the staged tiles
   CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(smem)));
   kernel<<<dim3(StreamBlocks<kSwiGlu>(n_out), max_active), kStreamThreads, smem, stream>>>(
@@ -345,9 +453,10 @@ bool MoeStreamFits(const ExpertsShape& d, const Mxfp4Matrix& gate_up, const Mxfp
   return mode == 2 || a >= kMoeStreamMinAverage * d.experts;
 }
 
-absl::Status MoeExpertsStream(const ExpertsShape& d, const float* u, const float* weights,
-                              const Mxfp4Matrix& gate_up, const Mxfp4Matrix& down,
-                              const MoeWorkspace& w, float* out, cudaStream_t stream) {
+absl::Status MoeExpertsStream(const ExpertsShape& d, bool wgmma, const float* u,
+                              const float* weights, const Mxfp4Matrix& gate_up,
+                              const Mxfp4Matrix& down, const MoeWorkspace& w, float* out,
+                              cudaStream_t stream) {
   if (!MoeStreamFits(d, gate_up, down, 2)) {
     return absl::InvalidArgumentError(
         "MoeExpertsStream: needs D % 128 == 0, I % 128 == 0, gate_up [E * 2I, D], down [E * D, "
@@ -356,15 +465,26 @@ absl::Status MoeExpertsStream(const ExpertsShape& d, const float* u, const float
   const int64_t a = d.tokens * d.top_k;
   const unsigned max_active = static_cast<unsigned>(std::min<int64_t>(d.experts, a));
   const int64_t words = d.tokens * d.dim / 8;
+  const auto* xb = reinterpret_cast<const __nv_bfloat16*>(w.xb);
+  auto* h = reinterpret_cast<__nv_bfloat16*>(w.h);
+  if (wgmma) {
+    CastLogicalKernel<<<static_cast<unsigned>((words + 255) / 256), 256, 0, stream>>>(
+        u, words, reinterpret_cast<uint4*>(w.xb));
+    CUDA_RETURN_IF_LAUNCH_ERROR();
+    RETURN_IF_ERROR((LaunchStream<true, true>(max_active, stream, xb, d.dim, true, false,
+                                              d.top_k, gate_up, d.inter, d.dim, d.swiglu_limit,
+                                              w, h)));
+    RETURN_IF_ERROR((LaunchStream<false, true>(max_active, stream, h, d.inter, false, true,
+                                               d.top_k, down, d.dim, d.inter, 0.0f, w, w.y)));
+    return CombineAssignments(d, w.y, nullptr, weights, out, stream);
+  }
   CastPair4Kernel<<<static_cast<unsigned>((words + 255) / 256), 256, 0, stream>>>(
       u, words, reinterpret_cast<uint4*>(w.xb));
   CUDA_RETURN_IF_LAUNCH_ERROR();
-  const auto* xb = reinterpret_cast<const __nv_bfloat16*>(w.xb);
-  auto* h = reinterpret_cast<__nv_bfloat16*>(w.h);
-  RETURN_IF_ERROR((LaunchStream<true>(max_active, stream, xb, d.dim, true, false, d.top_k,
-                                      gate_up, d.inter, d.dim, d.swiglu_limit, w, h)));
-  RETURN_IF_ERROR((LaunchStream<false>(max_active, stream, h, d.inter, false, true, d.top_k, down,
-                                       d.dim, d.inter, 0.0f, w, w.y)));
+  RETURN_IF_ERROR((LaunchStream<true, false>(max_active, stream, xb, d.dim, true, false, d.top_k,
+                                             gate_up, d.inter, d.dim, d.swiglu_limit, w, h)));
+  RETURN_IF_ERROR((LaunchStream<false, false>(max_active, stream, h, d.inter, false, true,
+                                              d.top_k, down, d.dim, d.inter, 0.0f, w, w.y)));
   return CombineAssignments(d, w.y, nullptr, weights, out, stream);
 }
 

@@ -32,8 +32,11 @@ bool MoeStreamFits(const ::dsv4::ExpertsShape& d, const Mxfp4Matrix& gate_up,
 
 // out[T, D] = Σ_k weights[t,k] · down[e] · SwiGLU(gate_up[e] · u[t]) with the assignments
 // already sorted by expert (SortAssignments: w.order, w.offsets, w.active, w.num_active).
-absl::Status MoeExpertsStream(const ::dsv4::ExpertsShape& d, const float* u, const float* weights,
-                              const Mxfp4Matrix& gate_up, const Mxfp4Matrix& down,
-                              const MoeWorkspace& w, float* out, cudaStream_t stream);
+// `wgmma`: the products on warpgroup MMAs (the expanded weights from registers, the staged
+// activations read by the tensor cores from shared memory); else mma.sync. The same bits.
+absl::Status MoeExpertsStream(const ::dsv4::ExpertsShape& d, bool wgmma, const float* u,
+                              const float* weights, const Mxfp4Matrix& gate_up,
+                              const Mxfp4Matrix& down, const MoeWorkspace& w, float* out,
+                              cudaStream_t stream);
 
 }  // namespace dsv4::cuda

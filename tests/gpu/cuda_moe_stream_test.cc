@@ -1,5 +1,6 @@
 // The weight-streaming MXFP4 expert GEMMs (kernels/cuda/moe_stream.h) through the Backend seam
-// in bf16 mode (label `gpu`): forced wherever the shapes fit (DSV4_MOE_STREAM=2, tiled GEMMs off)
+// in bf16 mode (label `gpu`), on wgmma and on mma.sync (DSV4_MOE_STREAM_WGMMA): forced wherever
+// the shapes fit (DSV4_MOE_STREAM=2, tiled GEMMs off)
 // against the CPU reference at ragged token counts (1, 2, 7, 129, 1000; T = 1 takes the
 // single-token kernels), with a hot expert (every token: passes of 64 over its weights) next to
 // experts with none or one, and with UE8M0 scales above 2^1 (the folded expansion's second
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "tests/gpu/backend_pair.h"
@@ -38,10 +40,12 @@ struct StreamCase {
   int big_one_in = 0;  // MXFP4 scales above 2^1 (RandomExperts)
 };
 
-// GPU (DSV4_MOE_STREAM = `mode`, tiled GEMMs off) against the CPU reference for every token count.
-void CompareStream(const char* mode, const StreamCase& c, uint32_t seed) {
+// GPU (DSV4_MOE_STREAM = `mode`, tiled GEMMs off, products on wgmma or mma.sync) against the
+// CPU reference for every token count.
+void CompareStream(const char* mode, const StreamCase& c, uint32_t seed, bool wgmma = true) {
   const ScopedEnv tiled("DSV4_MOE_TILED", "0");
   const ScopedEnv stream("DSV4_MOE_STREAM", mode);
+  const ScopedEnv products("DSV4_MOE_STREAM_WGMMA", wgmma ? "1" : "0");
   BackendPair p(Precision::kBF16);
   ASSERT_TRUE(p.gpu != nullptr);
   const StoredExperts st =
@@ -50,7 +54,8 @@ void CompareStream(const char* mode, const StreamCase& c, uint32_t seed) {
   const MoeWeights wc{gate_up.c, down.c, Tensor{}, Tensor{}, Tensor{}};
   const MoeWeights wg{gate_up.g, down.g, Tensor{}, Tensor{}, Tensor{}};
   for (int32_t T : c.tokens) {
-    SCOPED_TRACE(::testing::Message() << "DSV4_MOE_STREAM=" << mode << " E=" << c.experts
+    SCOPED_TRACE(::testing::Message() << "DSV4_MOE_STREAM=" << mode
+                                      << (wgmma ? " wgmma" : " mma.sync") << " E=" << c.experts
                                       << " D=" << c.dim << " T=" << T << (c.hot ? " hot" : "")
                                       << (c.big_one_in > 0 ? " large scales" : ""));
     p.Begin({{0, T}}, kBlock);
@@ -71,10 +76,12 @@ void CompareStream(const char* mode, const StreamCase& c, uint32_t seed) {
 // forced: ragged counts, a hot expert (1000 tokens: 16 passes of 64), large scales.
 TEST(CudaMoeStream, RaggedCountsMatchReference) {
   DSV4_REQUIRE_GPU();
-  CompareStream("2", StreamCase{8, 256, 128, 2, {1, 2, 7, 129, 1000}}, 1000);
-  CompareStream("2", StreamCase{8, 256, 128, 2, {7, 129, 1000}, true}, 1010);
-  CompareStream("2", StreamCase{8, 1024, 384, 6, {7, 300}, false, 256}, 1020);
-  CompareStream("2", StreamCase{8, 1024, 384, 6, {300}, true, 256}, 1030);
+  for (bool wgmma : {true, false}) {
+    CompareStream("2", StreamCase{8, 256, 128, 2, {1, 2, 7, 129, 1000}}, 1000, wgmma);
+    CompareStream("2", StreamCase{8, 256, 128, 2, {7, 129, 1000}, true}, 1010, wgmma);
+    CompareStream("2", StreamCase{8, 1024, 384, 6, {7, 300}, false, 256}, 1020, wgmma);
+    CompareStream("2", StreamCase{8, 1024, 384, 6, {300}, true, 256}, 1030, wgmma);
+  }
 }
 
 // Flash widths (D = 4096, I = 2048, top-6) chosen by shape: 32 experts at 128 tokens (24
@@ -85,20 +92,25 @@ TEST(CudaMoeStream, FlashWidthsByShapeMatchReference) {
   CompareStream("1", StreamCase{32, 4096, 2048, 6, {128}, true}, 1050);
 }
 
-// Forced against the wide kernel (and the 8-token kernel of the experts with at most 8, K
-// unsplit at 32 Flash-size experts): the same bits at 4.5, 24, 56 and 131 assignments an expert
-// (passes of 64 from the last), random and hot routing.
+// Forced, on wgmma and on mma.sync, against the wide kernel (and the 8-token kernel of the
+// experts with at most 8, K unsplit at 32 Flash-size experts): the same bits at 4.5, 24, 56 and
+// 131 assignments an expert (passes of 64 from the last), random and hot routing.
 TEST(CudaMoeStream, GivesTheWideKernelsBits) {
   DSV4_REQUIRE_GPU();
   const ScopedEnv no_tiles("DSV4_MOE_TILED", "0");
-  const auto stream_pair = testing::PairWithEnv("DSV4_MOE_STREAM", "2", Precision::kBF16);
-  const auto wide_pair = testing::PairWithEnv("DSV4_MOE_STREAM", "0", Precision::kBF16);
-  ASSERT_TRUE(stream_pair->gpu != nullptr && wide_pair->gpu != nullptr);
+  std::unique_ptr<BackendPair> pairs[3];
+  {
+    const ScopedEnv stream("DSV4_MOE_STREAM", "2");
+    pairs[0] = testing::PairWithEnv("DSV4_MOE_STREAM_WGMMA", "1", Precision::kBF16);
+    pairs[1] = testing::PairWithEnv("DSV4_MOE_STREAM_WGMMA", "0", Precision::kBF16);
+  }
+  pairs[2] = testing::PairWithEnv("DSV4_MOE_STREAM", "0", Precision::kBF16);
+  for (const auto& p : pairs) ASSERT_TRUE(p->gpu != nullptr);
   constexpr int64_t E = 32, D = 4096, I = 2048, K = 6;
   const StoredExperts st = RandomExperts(WeightFormat::kMxfp4, E, D, I, 1060);
-  std::vector<std::vector<float>> outs[2];
-  for (int side = 0; side < 2; ++side) {
-    BackendPair& p = side == 0 ? *stream_pair : *wide_pair;
+  std::vector<std::vector<float>> outs[3];
+  for (int side = 0; side < 3; ++side) {
+    BackendPair& p = *pairs[side];
     Backend& b = *p.gpu;
     auto gate_up = b.CreateStoredWeight(st.gate_up, WeightUse::kMatrix);
     auto down = b.CreateStoredWeight(st.down, WeightUse::kMatrix);
@@ -125,14 +137,16 @@ TEST(CudaMoeStream, GivesTheWideKernelsBits) {
       }
     }
   }
-  ASSERT_EQ(outs[0].size(), outs[1].size());
-  for (size_t i = 0; i < outs[0].size(); ++i) {
-    float max_abs = 0;
-    for (float v : outs[0][i]) max_abs = std::max(max_abs, std::fabs(v));
-    EXPECT_GT(max_abs, 0.0f) << "case " << i;  // the products ran
-    EXPECT_EQ(0,
-              std::memcmp(outs[0][i].data(), outs[1][i].data(), outs[0][i].size() * sizeof(float)))
-        << "case " << i;
+  for (int side = 0; side < 2; ++side) {
+    ASSERT_EQ(outs[side].size(), outs[2].size());
+    for (size_t i = 0; i < outs[2].size(); ++i) {
+      float max_abs = 0;
+      for (float v : outs[side][i]) max_abs = std::max(max_abs, std::fabs(v));
+      EXPECT_GT(max_abs, 0.0f) << "case " << i;  // the products ran
+      EXPECT_EQ(0, std::memcmp(outs[side][i].data(), outs[2][i].data(),
+                               outs[2][i].size() * sizeof(float)))
+          << (side == 0 ? "wgmma" : "mma.sync") << " case " << i;
+    }
   }
 }
 

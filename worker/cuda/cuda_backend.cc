@@ -175,6 +175,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   {
     ASSIGN_OR_RETURN(const int i, EnvChoice("DSV4_MOE_STREAM", {"0", "1", "2"}, 1));
     b->moe_kernels_.stream = i;
+    // DSV4_MOE_STREAM_WGMMA=0: their products on mma.sync (the wgmma ones' baseline).
+    ASSIGN_OR_RETURN(b->moe_kernels_.stream_wgmma, EnvBool("DSV4_MOE_STREAM_WGMMA", true));
   }
   // Precision fp8: the FP8 products of prefill-sized steps on FP8 tensor cores with e4m3
   // activations (the options say; a decision of the coordinator's, equal on every rank).
