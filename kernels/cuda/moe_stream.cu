@@ -65,7 +65,6 @@ using P = Mxfp4FoldWeights;
 constexpr int kStreamWarps = 16;
 constexpr int kStreamThreads = kStreamWarps * 32;
 constexpr int kBlocksPerSm = kStreamWarps >= 16 ? 1 : 2;
-constexpr int kTiles = 1;   // 16-row tiles a warp (2 with kGroups 4 was tried: see above)
 constexpr int kGroups = 8;  // 8-token groups per pass: 64 assignments
 constexpr int kChunk = 2;   // k blocks of staged activations per chunk
 constexpr int kXBuffers = 3;  // chunks staged: in use, landed, in flight
@@ -79,9 +78,9 @@ static_assert(kChunkWords % kStreamThreads == 0, "every thread stages the same c
 // H200, bench/results/2026-12-04-stream-experts/).
 constexpr int kStages = 4;
 static_assert(kChunk * 16 == 32, "a warp stages one token's chunk: 32 words, one per lane");
-// A warp's ring slot: per tile rows lo and hi, 32 lanes' 16-byte codes, then their 4-byte scale
-// words.
-constexpr int kSlotWords = kTiles * 2 * 32;
+// A warp's ring slot: rows lo and hi, 32 lanes' 16-byte codes (then, in the scale ring, their
+// 4-byte scale words).
+constexpr int kSlotWords = 2 * 32;
 static_assert((kStages & (kStages - 1)) == 0 && kStreamWarps % kMmaTokens == 0, "slots by mask");
 // Bytes between the staged words of a thread's consecutive tokens (kStreamWarps apart).
 constexpr uint32_t kXTokenStride = (kStreamWarps / kMmaTokens) * 32 * 16;
@@ -176,9 +175,105 @@ __device__ __forceinline__ void DispatchGroups(int groups, F& f) {
   f(std::integral_constant<int, G>{});
 }
 
-// One block: tiles blockIdx.x * kStreamWarps + warp of expert active[blockIdx.y]. x bf16 rows in
-// the pairing above (by_token: row order[a] / top_k of assignment a, else row a). kSwiGlu: y is h
-// [A, n_out] bf16 in that pairing too (the down kernel's x); else y fp32 as StoreMmaGroup writes.
+// A warp's k block of weights from its ring slot: rows lo and hi (the lane's 16-byte codes and
+// its group's scale byte); true where either scale is above 2^1 (the two-product expansion).
+__device__ __forceinline__ bool LoadSlot(const uint4* ring_w, const uint32_t* ring_s, int slot,
+                                         int lane, P::Raw& lo, P::Raw& hi) {
+  const int quad = lane & 3;
+  lo.w = ring_w[slot * kSlotWords + lane];
+  hi.w = ring_w[slot * kSlotWords + 32 + lane];
+  lo.s = (ring_s[slot * kSlotWords + lane] >> (8 * quad)) & 0xFFu;
+  hi.s = (ring_s[slot * kSlotWords + 32 + lane] >> (8 * quad)) & 0xFFu;
+  return P::Big(lo) || P::Big(hi);
+}
+
+// One k block's products on mma.sync: each word t of the lane's codes expanded to A words, then
+// per group g one 16-byte B word of the staged chunk xk (k block kbl of it) and two m16n8k16.
+template <int G>
+__device__ __forceinline__ void MmaSyncKBlock(float (&acc)[G][4], const P::Raw& lo,
+                                              const P::Raw& hi, bool big, const uint4* xk,
+                                              int kbl, int lane) {
+  auto products = [&](auto expand) {
+#pragma unroll
+    for (int t = 0; t < kW; ++t) {
+      const int v = kbl * kW + t;
+      const uint4 a_lo = expand(lo, t), a_hi = expand(hi, t);
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const uint4 b = xk[(v * kGroups + g) * 32 + lane];  // one 16-byte load
+        MmaWord(acc[g], a_lo, a_hi, b);
+      }
+    }
+  };
+  // A warp with any scale above 2^1 in this k block takes the two products (the lanes are
+  // converged: the loop and the tile are uniform per warp).
+  if (__any_sync(0xffffffffu, big)) {
+    products([](const P::Raw& r, int t) { return P::ExpandBig(r, t); });
+  } else {
+    products([](const P::Raw& r, int t) { return P::Expand(r, t); });
+  }
+}
+
+// One k block's products on the warpgroup: word t's two k16 steps (h = 0, 1), A from registers,
+// B the staged tiles at shared address `tiles` (this k block's two 64-column tiles). Two register
+// sets a (the caller's, alive across k blocks) so that word t + 1 is expanded while word t's
+// products run. One code path for the whole warpgroup: the scale product of a k block with
+// scales above 2^1 is a select, not a branch around the wgmma.
+template <int G>
+__device__ __forceinline__ void WgmmaKBlock(float (&d)[4 * G], uint4 (&a)[2][2],
+                                            const P::Raw& lo, const P::Raw& hi, bool big,
+                                            uint32_t tiles) {
+  const bool any_big = __any_sync(0xffffffffu, big);
+#pragma unroll
+  for (int t = 0; t < kW; ++t) {
+    WgmmaWait<1>();  // word t - 2's products, the last readers of a[t % 2]
+    KeepLive(a[t % 2]);
+    a[t % 2][0] = P::Expand(lo, t);
+    a[t % 2][1] = P::Expand(hi, t);
+    if (any_big) {
+      a[t % 2][0] = MulBf16x8(a[t % 2][0], E8M0RestBf16x2(lo.s));
+      a[t % 2][1] = MulBf16x8(a[t % 2][1], E8M0RestBf16x2(hi.s));
+    }
+    const uint4 al = a[t % 2][0], ah = a[t % 2][1];
+    const uint32_t tile = tiles + (t / 2) * 8192 + (t % 2) * 64;  // steps 2t, 2t + 1
+    WgmmaFenceOperands(d);
+    WgmmaFence();
+    WgmmaBf16RegA<8 * G>(d, al.x, ah.x, al.y, ah.y, WgmmaDescSw128Addr(tile));
+    WgmmaBf16RegA<8 * G>(d, al.z, ah.z, al.w, ah.w, WgmmaDescSw128Addr(tile + 32));
+    WgmmaCommit();
+  }
+}
+
+// The pass's outputs of a warp's tile: kSwiGlu h (bf16, column in the products' stored order) of
+// gate acc[g][hh] and up acc[g][2 + hh] for token 2 quad + hh of group g; else y (StoreMmaGroup).
+template <bool kSwiGlu, bool kWg, int G>
+__device__ __forceinline__ void StoreTile(const float (&acc)[G][4], const MmaTile<P>& mt,
+                                          int32_t p0, int n, int quad, int64_t n_out,
+                                          float limit, bool scatter_out, const int32_t* order,
+                                          void* y) {
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const int g0 = p0 + g * kMmaTokens, ng = min(n - g * kMmaTokens, kMmaTokens);
+    if constexpr (kSwiGlu) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int j = 2 * quad + hh;
+        if (j < ng && mt.ok_lo) {
+          static_cast<__nv_bfloat16*>(y)[static_cast<int64_t>(g0 + j) * n_out +
+                                         StoredColumn<kWg>(mt.out_lo)] =
+              __float2bfloat16_rn(ClampedSwiGlu(acc[g][hh], acc[g][2 + hh], limit));
+        }
+      }
+    } else {
+      StoreMmaGroup<false>(acc[g], g0, ng, quad, mt, n_out, limit, scatter_out, order, y);
+    }
+  }
+}
+
+// One block: tile blockIdx.x * kStreamWarps + warp of expert active[blockIdx.y]. x bf16 rows in
+// the products' stored column order (by_token: row order[a] / top_k of assignment a, else row
+// a). kSwiGlu: y is h [A, n_out] bf16 in that order too (the down kernel's x); else y fp32 as
+// StoreMmaGroup writes.
 template <bool kSwiGlu, bool kWg>
 __global__ void __launch_bounds__(kStreamThreads, kBlocksPerSm)
     ExpertStreamKernel(const __nv_bfloat16* x, int64_t ldx, bool by_token, bool scatter_out,
@@ -188,24 +283,17 @@ __global__ void __launch_bounds__(kStreamThreads, kBlocksPerSm)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // [3][kChunk * kW][kGroups][32] words; kWg: [3][kChunk][2][64 rows][128 bytes] swizzled tiles,
   // 1024-byte aligned.
-  uint4* const xs = reinterpret_cast<uint4*>(smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023));
-  static_assert(!kWg || kTiles == 1, "a warpgroup's A is its four warps' 16-row tiles");
+  uint4* const xs =
+      reinterpret_cast<uint4*>(smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023));
   if (static_cast<int32_t>(blockIdx.y) >= *num_active) return;  // uniform across the block
   const int32_t e = active[blockIdx.y];
   const int32_t a0 = offsets[e], a1 = offsets[e + 1];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, quad = lane & 3;
-  MmaTile<P> mt[kTiles];
+  const int64_t tile = static_cast<int64_t>(blockIdx.x) * kStreamWarps + warp;
+  const MmaTile<P> mt = MakeMmaTile<P, kSwiGlu>(weight, e, tile, n_out, k_in);
   // The 4-byte scale words of the lane's rows (k block kb's four group bytes at word kb).
-  const uint32_t* s_lo[kTiles];
-  const uint32_t* s_hi[kTiles];
-#pragma unroll
-  for (int i = 0; i < kTiles; ++i) {
-    const int64_t tile = (static_cast<int64_t>(blockIdx.x) * kStreamWarps + warp) * kTiles + i;
-    mt[i] = MakeMmaTile<P, kSwiGlu>(weight, e, tile, n_out, k_in);
-    s_lo[i] = reinterpret_cast<const uint32_t*>(mt[i].lo.s - quad);
-    s_hi[i] = reinterpret_cast<const uint32_t*>(mt[i].hi.s - quad);
-  }
-  const bool live = mt[0].live;  // a later tile of a live warp may be past n_out: ok_lo/ok_hi
+  const uint32_t* const s_lo = reinterpret_cast<const uint32_t*>(mt.lo.s - quad);
+  const uint32_t* const s_hi = reinterpret_cast<const uint32_t*>(mt.hi.s - quad);
   const int kblocks = static_cast<int>(k_in / kKBlock);
   const int chunks = (kblocks + kChunk - 1) / kChunk;
   uint4* const ring_w = xs + kXBuffers * kChunkWords + warp * kStages * kSlotWords;
@@ -213,10 +301,10 @@ __global__ void __launch_bounds__(kStreamThreads, kBlocksPerSm)
                                                        kStreamWarps * kStages * kSlotWords) +
                            warp * kStages * kSlotWords;
   // Shared addresses of this lane's copies: ring slot 0, and its staged activation word of
-  // chunk buffer 0 for its first token (lane = k block kbl * 16 + quarter q * 4 + word t).
+  // chunk buffer 0 for its first token (lane = k block kbl * 16 + quarter q * 4 + word t; kWg:
+  // tile (kbl, half) = lane / 8, row = token, 16-byte chunk lane % 8 swizzled by row % 8, which
+  // is warp % 8 for all of this thread's tokens).
   const uint32_t ring_w_addr = SmemAddr(ring_w + lane), ring_s_addr = SmemAddr(ring_s + lane);
-  // kWg: the word lands in tile (kbl, half) = lane / 8, row = token, 16-byte chunk lane % 8
-  // swizzled by row % 8 (= warp % 8 for all of this thread's tokens).
   const uint32_t x_dst =
       kWg ? SmemAddr(xs) + (lane / 8) * 8192 + warp * 128 + (((lane % 8) ^ (warp % 8)) << 4)
           : SmemAddr(xs + (((lane / 16) * kW + lane % 4) * kGroups + warp / kMmaTokens) * 32 +
@@ -228,12 +316,11 @@ __global__ void __launch_bounds__(kStreamThreads, kBlocksPerSm)
     const int groups = (n + kMmaTokens - 1) / kMmaTokens;
     const int padded = groups * kMmaTokens;
     // Chunk c of the pass's activations into buffer c % kXBuffers: warp w copies tokens w + 16 i,
-    // lane l the token's 16-byte word l of the chunk (k blocks of 16 words, in k order), stored
-    // as word (k block, word t, group, grp * 4 + q); tokens past n of the last group are
-    // zero-filled, groups past `groups` skipped. The source rows are read once per pass.
-    // xoff[i]: token warp + i * kStreamWarps's row in x plus this lane's column (-1: zero-fill,
-    // -2: past the pass's groups). Its word lands at x_dst + i * kXTokenStride (the token's group
-    // advances by kStreamWarps / 8 with i, its place in the group stays).
+    // lane l the token's 16-byte word l of the chunk (k blocks of 16 words, in k order). xoff[i]:
+    // token w + 16 i's row in x plus this lane's column, read once per pass (-1: past n in the
+    // last group, zero-filled; -2: past the pass's groups, skipped). Its word lands at x_dst +
+    // i * kTokenStride (the token's group advances by kStreamWarps / 8 with i, its place in the
+    // group stays).
     int32_t xoff[kChunkWordsPerThread];
 #pragma unroll
     for (int i = 0; i < kChunkWordsPerThread; ++i) {
@@ -253,18 +340,16 @@ __global__ void __launch_bounds__(kStreamThreads, kBlocksPerSm)
         }
       }
     };
-    // K block kb of the lane's rows into ring slot kb % kStages.
+    // K block kb of the lane's rows into ring slot kb % kStages (kWg: every warp of a
+    // warpgroup multiplies, a tile past n_out on row 0's weights).
     auto issue_w = [&](int kb) {
-      if ((kWg || live) && kb < kblocks) {  // kWg: every warp of a warpgroup multiplies
+      if ((kWg || mt.live) && kb < kblocks) {
         const uint32_t w = ring_w_addr + (kb & (kStages - 1)) * (kSlotWords * 16);
         const uint32_t sc = ring_s_addr + (kb & (kStages - 1)) * (kSlotWords * 4);
-#pragma unroll
-        for (int i = 0; i < kTiles; ++i) {
-          CpAsync16Stream(w + i * 1024, mt[i].lo.w + kb * 4);
-          CpAsync16Stream(w + i * 1024 + 512, mt[i].hi.w + kb * 4);
-          CpAsync4(sc + i * 256, s_lo[i] + kb);
-          CpAsync4(sc + i * 256 + 128, s_hi[i] + kb);
-        }
+        CpAsync16Stream(w, mt.lo.w + kb * 4);
+        CpAsync16Stream(w + 512, mt.hi.w + kb * 4);
+        CpAsync4(sc, s_lo + kb);
+        CpAsync4(sc + 128, s_hi + kb);
       }
     };
     // Commit groups: group s < kStages - 1 of the prologue holds k block s (and chunks 0, 1),
@@ -285,13 +370,10 @@ __global__ void __launch_bounds__(kStreamThreads, kBlocksPerSm)
     // of absent groups would otherwise be issued predicated off, and their accumulators kept).
     auto run = [&](auto groups_tag) {
       constexpr int G = decltype(groups_tag)::value;
-      float acc[kTiles][G][4];  // kWg: the wgmma accumulators of n8 tile g, the same layout
+      float acc[G][4];  // kWg: the wgmma accumulators of n8 tile g, the same layout
 #pragma unroll
-      for (int i = 0; i < kTiles; ++i) {
-#pragma unroll
-        for (int g = 0; g < G; ++g) acc[i][g][0] = acc[i][g][1] = acc[i][g][2] = acc[i][g][3] = 0.0f;
-      }
-      float(&d)[4 * G] = reinterpret_cast<float(&)[4 * G]>(acc[0][0][0]);
+      for (int g = 0; g < G; ++g) acc[g][0] = acc[g][1] = acc[g][2] = acc[g][3] = 0.0f;
+      float(&d)[4 * G] = reinterpret_cast<float(&)[4 * G]>(acc[0][0]);
       [[maybe_unused]] uint4 a[2][2] = {};  // kWg: the A register sets of the words in flight
       for (int kb = 0; kb < kblocks; ++kb) {
         const int c = kb / kChunk, kbl = kb % kChunk;
@@ -312,67 +394,14 @@ __global__ void __launch_bounds__(kStreamThreads, kBlocksPerSm)
         }
         issue_w(kb + kStages - 1);
         CpAsyncCommit();
-        if (!kWg && !live) continue;
-        const int slot = kb % kStages;
-        P::Raw lo[kTiles], hi[kTiles];
-        bool big = false;
-#pragma unroll
-        for (int i = 0; i < kTiles; ++i) {
-          lo[i].w = ring_w[slot * kSlotWords + i * 64 + lane];
-          hi[i].w = ring_w[slot * kSlotWords + i * 64 + 32 + lane];
-          lo[i].s = (ring_s[slot * kSlotWords + i * 64 + lane] >> (8 * quad)) & 0xFFu;
-          hi[i].s = (ring_s[slot * kSlotWords + i * 64 + 32 + lane] >> (8 * quad)) & 0xFFu;
-          big = big || P::Big(lo[i]) || P::Big(hi[i]);
-        }
+        if (!kWg && !mt.live) continue;
+        P::Raw lo, hi;
+        const bool big = LoadSlot(ring_w, ring_s, kb % kStages, lane, lo, hi);
         const uint4* const xk = xs + (c % kXBuffers) * kChunkWords;
         if constexpr (kWg) {
-          // Word t's two k16 steps (h = 0, 1) on the warpgroup, A from registers: two register
-          // sets (a, at the lambda's scope) so that word t + 1 is expanded while word t's
-          // products run. One code path for the whole warpgroup (the scale product of a k block
-          // with scales above 2^1 is a select, not a branch around the wgmma).
-          const bool any_big = __any_sync(0xffffffffu, big);
-          const uint32_t tiles = SmemAddr(xk) + kbl * 2 * 8192;
-#pragma unroll
-          for (int t = 0; t < kW; ++t) {
-            WgmmaWait<1>();  // word t - 2's products, the last readers of a[t % 2]
-            KeepLive(a[t % 2]);
-            a[t % 2][0] = P::Expand(lo[0], t);
-            a[t % 2][1] = P::Expand(hi[0], t);
-            if (any_big) {
-              a[t % 2][0] = MulBf16x8(a[t % 2][0], E8M0RestBf16x2(lo[0].s));
-              a[t % 2][1] = MulBf16x8(a[t % 2][1], E8M0RestBf16x2(hi[0].s));
-            }
-            const uint4 al = a[t % 2][0], ah = a[t % 2][1];
-            const uint32_t tile = tiles + (t / 2) * 8192 + (t % 2) * 64;  // steps 2t, 2t + 1
-            WgmmaFenceOperands(d);
-            WgmmaFence();
-            WgmmaBf16RegA<8 * G>(d, al.x, ah.x, al.y, ah.y, WgmmaDescSw128Addr(tile));
-            WgmmaBf16RegA<8 * G>(d, al.z, ah.z, al.w, ah.w, WgmmaDescSw128Addr(tile + 32));
-            WgmmaCommit();
-          }
-          continue;
-        }
-        auto products = [&](auto expand) {
-#pragma unroll
-          for (int t = 0; t < kW; ++t) {
-            const int v = kbl * kW + t;
-            uint4 a_lo[kTiles], a_hi[kTiles];
-#pragma unroll
-            for (int i = 0; i < kTiles; ++i) a_lo[i] = expand(lo[i], t), a_hi[i] = expand(hi[i], t);
-#pragma unroll
-            for (int g = 0; g < G; ++g) {
-              const uint4 b = xk[(v * kGroups + g) * 32 + lane];
-#pragma unroll
-              for (int i = 0; i < kTiles; ++i) MmaWord(acc[i][g], a_lo[i], a_hi[i], b);
-            }
-          }
-        };
-        // A warp with any scale above 2^1 in this k block takes the two products (the lanes are
-        // converged: the loop and the tiles are uniform per warp).
-        if (__any_sync(0xffffffffu, big)) {
-          products([](const P::Raw& r, int t) { return P::ExpandBig(r, t); });
+          WgmmaKBlock<G>(d, a, lo, hi, big, SmemAddr(xk) + kbl * 2 * 8192);
         } else {
-          products([](const P::Raw& r, int t) { return P::Expand(r, t); });
+          MmaSyncKBlock<G>(acc, lo, hi, big, xk, kbl, lane);
         }
       }
       if constexpr (kWg) {
@@ -381,28 +410,8 @@ __global__ void __launch_bounds__(kStreamThreads, kBlocksPerSm)
         KeepLive(a[1]);
         WgmmaFenceOperands(d);
       }
-      if (!live) return;
-#pragma unroll
-      for (int i = 0; i < kTiles; ++i) {
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-          const int g0 = p0 + g * kMmaTokens, ng = min(n - g * kMmaTokens, kMmaTokens);
-          if constexpr (kSwiGlu) {
-            // Gate acc[h] and up acc[2 + h] of column out_lo for token 2 quad + h of the group.
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int j = 2 * quad + h;
-              if (j < ng && mt[i].ok_lo) {
-                static_cast<__nv_bfloat16*>(y)[static_cast<int64_t>(g0 + j) * n_out +
-                                               StoredColumn<kWg>(mt[i].out_lo)] =
-                    __float2bfloat16_rn(ClampedSwiGlu(acc[i][g][h], acc[i][g][2 + h], limit));
-              }
-            }
-          } else {
-            StoreMmaGroup<false>(acc[i][g], g0, ng, quad, mt[i], n_out, limit, scatter_out, order,
-                                 y);
-          }
-        }
+      if (mt.live) {
+        StoreTile<kSwiGlu, kWg, G>(acc, mt, p0, n, quad, n_out, limit, scatter_out, order, y);
       }
     };
     DispatchGroups<kGroups>(groups, run);
@@ -413,7 +422,7 @@ __global__ void __launch_bounds__(kStreamThreads, kBlocksPerSm)
 // Grid x: 16-row tiles (8 SwiGLU columns), kStreamWarps a block.
 template <bool kSwiGlu>
 unsigned StreamBlocks(int64_t n_out) {
-  constexpr int64_t kPerBlock = (kSwiGlu ? 8 : 16) * kTiles * kStreamWarps;
+  constexpr int64_t kPerBlock = (kSwiGlu ? 8 : 16) * kStreamWarps;
   return static_cast<unsigned>((n_out + kPerBlock - 1) / kPerBlock);
 }
 
