@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -281,6 +282,55 @@ inline std::unique_ptr<BackendPair> PairWithEnv(const char* name, const char* va
                                                 Precision precision) {
   const ScopedEnv env(name, value);
   return std::make_unique<BackendPair>(precision);
+}
+
+// MoeExperts on backend b (its step begun) from host inputs: u [T, D], the routing idx and
+// weights [T, K]; the output [T, D] on the host (empty, and the test failed, where a call fails).
+inline std::vector<float> RunMoeExperts(Backend& b, const MoeWeights& mw, int32_t tokens,
+                                        int64_t dim, int64_t top_k, const std::vector<float>& u,
+                                        const std::vector<int32_t>& idx,
+                                        const std::vector<float>& weights, float limit) {
+  auto du = b.Scratch(DType::kF32, Shape{tokens, dim});
+  auto dix = b.Scratch(DType::kI32, Shape{tokens, top_k});
+  auto dw = b.Scratch(DType::kF32, Shape{tokens, top_k});
+  auto out = b.Scratch(DType::kF32, Shape{tokens, dim});
+  if (!du.ok() || !dix.ok() || !dw.ok() || !out.ok()) {
+    ADD_FAILURE() << "RunMoeExperts: scratch tensors";
+    return {};
+  }
+  for (const absl::Status& s : {b.CopyFromHost(u.data(), *du), b.CopyFromHost(idx.data(), *dix),
+                                b.CopyFromHost(weights.data(), *dw)}) {
+    if (!s.ok()) {
+      ADD_FAILURE() << s;
+      return {};
+    }
+  }
+  const absl::Status s = b.MoeExperts(*du, *dix, *dw, mw, limit, *out);
+  if (!s.ok()) {
+    ADD_FAILURE() << s;
+    return {};
+  }
+  std::vector<float> v(static_cast<size_t>(out->numel()));
+  const absl::Status c = b.CopyToHost(*out, v.data());
+  if (!c.ok()) {
+    ADD_FAILURE() << c;
+    return {};
+  }
+  return v;
+}
+
+// Each output of `got` is nonzero somewhere (the products ran) and bit for bit `want`'s.
+inline void ExpectSameBits(const std::vector<std::vector<float>>& got,
+                           const std::vector<std::vector<float>>& want, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    float max_abs = 0;
+    for (float v : got[i]) max_abs = std::max(max_abs, std::fabs(v));
+    EXPECT_GT(max_abs, 0.0f) << what << " case " << i;
+    ASSERT_EQ(got[i].size(), want[i].size()) << what << " case " << i;
+    EXPECT_EQ(0, std::memcmp(got[i].data(), want[i].data(), got[i].size() * sizeof(float)))
+        << what << " case " << i;
+  }
 }
 
 }  // namespace dsv4::testing

@@ -211,31 +211,12 @@ TEST(CudaMoeQuant, WideKernelGivesTheSameBits) {
       const MoeWeights mw{*gate_up, *down, Tensor{}, Tensor{}, Tensor{}};
       for (int32_t T : {24, 40, 300, 700}) {
         p.Begin({{0, T}}, kBlock);
-        const std::vector<int32_t> idx = RandomRouting(T, E, K, 510 + T);
-        const auto uv = RandomVec(T * D, 511);
-        const auto wv = RandomVec(T * K, 512, 0, 1);
-        auto u = b.Scratch(DType::kF32, Shape{T, D});
-        auto ix = b.Scratch(DType::kI32, Shape{T, K});
-        auto w = b.Scratch(DType::kF32, Shape{T, K});
-        auto out = b.Scratch(DType::kF32, Shape{T, D});
-        ASSERT_TRUE(u.ok() && ix.ok() && w.ok() && out.ok());
-        ASSERT_TRUE(b.CopyFromHost(uv.data(), *u).ok());
-        ASSERT_TRUE(b.CopyFromHost(idx.data(), *ix).ok());
-        ASSERT_TRUE(b.CopyFromHost(wv.data(), *w).ok());
-        const absl::Status s = b.MoeExperts(*u, *ix, *w, mw, kLimit, *out);
-        ASSERT_TRUE(s.ok()) << s;
-        outs[side].push_back(p.HostAs<float>(b, *out));
+        outs[side].push_back(testing::RunMoeExperts(b, mw, T, D, K, RandomVec(T * D, 511),
+                                                    RandomRouting(T, E, K, 510 + T),
+                                                    RandomVec(T * K, 512, 0, 1), kLimit));
       }
     }
-    ASSERT_EQ(outs[0].size(), outs[1].size());
-    for (size_t i = 0; i < outs[0].size(); ++i) {
-      float max_abs = 0;
-      for (float v : outs[0][i]) max_abs = std::max(max_abs, std::fabs(v));
-      EXPECT_GT(max_abs, 0.0f) << "case " << i;  // the products ran
-      EXPECT_EQ(
-          0, std::memcmp(outs[0][i].data(), outs[1][i].data(), outs[0][i].size() * sizeof(float)))
-          << "case " << i;
-    }
+    testing::ExpectSameBits(outs[0], outs[1], "wide against narrow");
   }
 }
 

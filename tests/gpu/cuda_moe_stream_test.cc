@@ -8,9 +8,6 @@
 // a 1k prefill's); and bit for bit against the wide kernel (DSV4_MOE_STREAM=0), whose products
 // are the same bf16 operands summed in the same order. The tolerance is the bf16 expert tests'
 // 1e-2 at the output's scale (u and h rounded to bf16).
-#include <algorithm>
-#include <cmath>
-#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -121,33 +118,13 @@ TEST(CudaMoeStream, GivesTheWideKernelsBits) {
         p.Begin({{0, T}}, kBlock);
         const std::vector<int32_t> idx =
             hot ? HotRouting(T, E, K, 1070 + T) : RandomRouting(T, E, K, 1070 + T);
-        const auto uv = RandomVec(T * D, 1071);
-        const auto wv = RandomVec(T * K, 1072, 0, 1);
-        auto u = b.Scratch(DType::kF32, Shape{T, D});
-        auto ix = b.Scratch(DType::kI32, Shape{T, K});
-        auto w = b.Scratch(DType::kF32, Shape{T, K});
-        auto out = b.Scratch(DType::kF32, Shape{T, D});
-        ASSERT_TRUE(u.ok() && ix.ok() && w.ok() && out.ok());
-        ASSERT_TRUE(b.CopyFromHost(uv.data(), *u).ok());
-        ASSERT_TRUE(b.CopyFromHost(idx.data(), *ix).ok());
-        ASSERT_TRUE(b.CopyFromHost(wv.data(), *w).ok());
-        const absl::Status s = b.MoeExperts(*u, *ix, *w, mw, kLimit, *out);
-        ASSERT_TRUE(s.ok()) << s;
-        outs[side].push_back(p.HostAs<float>(b, *out));
+        outs[side].push_back(testing::RunMoeExperts(b, mw, T, D, K, RandomVec(T * D, 1071), idx,
+                                                    RandomVec(T * K, 1072, 0, 1), kLimit));
       }
     }
   }
-  for (int side = 0; side < 2; ++side) {
-    ASSERT_EQ(outs[side].size(), outs[2].size());
-    for (size_t i = 0; i < outs[2].size(); ++i) {
-      float max_abs = 0;
-      for (float v : outs[side][i]) max_abs = std::max(max_abs, std::fabs(v));
-      EXPECT_GT(max_abs, 0.0f) << "case " << i;  // the products ran
-      EXPECT_EQ(0, std::memcmp(outs[side][i].data(), outs[2][i].data(),
-                               outs[2][i].size() * sizeof(float)))
-          << (side == 0 ? "wgmma" : "mma.sync") << " case " << i;
-    }
-  }
+  testing::ExpectSameBits(outs[0], outs[2], "wgmma");
+  testing::ExpectSameBits(outs[1], outs[2], "mma.sync");
 }
 
 }  // namespace
