@@ -150,16 +150,33 @@ __device__ __forceinline__ float ClampedSwiGlu(float gate, float up, float limit
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
-// 16 bytes, L1 bypassed.
+// 16 bytes, L1 bypassed, to a shared-memory address (SmemAddr) or pointer.
+__device__ __forceinline__ void CpAsync16(uint32_t smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem) : "memory");
+}
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SmemAddr(smem)), "l"(gmem)
-               : "memory");
+  CpAsync16(SmemAddr(smem), gmem);
 }
 // 16 bytes, L1 bypassed, zero-filled when !valid (the source is then not read).
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(smem)),
-               "l"(gmem), "r"(valid ? 16 : 0)
+__device__ __forceinline__ void CpAsync16(uint32_t smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
+               "r"(valid ? 16 : 0)
                : "memory");
+}
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
+  CpAsync16(SmemAddr(smem), gmem, valid);
+}
+// 16 bytes of a weight stream, L1 bypassed, the rest of its 256-byte L2 line prefetched.
+__device__ __forceinline__ void CpAsync16Stream(uint32_t smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem)
+               : "memory");
+}
+// 4 bytes (both addresses 4-byte aligned: no alignment beyond a float's).
+__device__ __forceinline__ void CpAsync4(uint32_t smem, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void CpAsync4(void* smem, const void* gmem) {
+  CpAsync4(SmemAddr(smem), gmem);
 }
 __device__ __forceinline__ void CpAsyncCommit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");

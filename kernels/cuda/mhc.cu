@@ -259,13 +259,6 @@ __global__ void MixGenericKernel(const float* hs, int64_t tokens, int64_t nd, co
 // the 0.11 of HBM. Two columns per thread (the first butterfly level in registers: fewer
 // shuffles) and two tokens per warp iteration (more independent chains) measured no faster.
 
-// 4 bytes global -> shared (post and comb: no alignment beyond a float's; CpAsync16 and the
-// rest in common.cuh).
-__device__ __forceinline__ void CpAsync4(void* smem, const void* gmem) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(SmemAddr(smem)), "l"(gmem)
-               : "memory");
-}
-
 // The butterfly of WarpMultiSum without its selects. Register i of `lane` holds value
 // i ^ XorMask<kV>(lane) (the caller computed them in that order: LoadXorRows), so in every
 // halving step each lane keeps its lower registers and sends its upper ones, and what the partner

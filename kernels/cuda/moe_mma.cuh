@@ -379,6 +379,11 @@ __device__ __forceinline__ uint32_t MulBf16x2(uint32_t a, uint32_t b) {
   return d;
 }
 
+// Four bf16x2 products by one pair.
+__device__ __forceinline__ uint4 MulBf16x8(const uint4& v, uint32_t f) {
+  return make_uint4(MulBf16x2(v.x, f), MulBf16x2(v.y, f), MulBf16x2(v.z, f), MulBf16x2(v.w, f));
+}
+
 // bf16 pair (2^(s-127), 2^(s-127)) of a UE8M0 scale byte: the exponent field is s itself; s = 0
 // (2^-127) is the bf16 subnormal 0x0040 (s = 255, NaN in the format, reads as infinity here).
 __device__ __forceinline__ uint32_t E8M0Bf16x2(uint32_t s) {
@@ -567,10 +572,7 @@ struct Mxfp4FoldWeights : Mxfp4Weights {
     return Mxfp4Bf16x8Fold(w, E8M0FoldBf16x2(r.s));
   }
   __device__ __forceinline__ static uint4 ExpandBig(const Raw& r, int t) {
-    const uint4 a = Expand(r, t);
-    const uint32_t rest = E8M0RestBf16x2(r.s);
-    return make_uint4(MulBf16x2(a.x, rest), MulBf16x2(a.y, rest), MulBf16x2(a.z, rest),
-                      MulBf16x2(a.w, rest));
+    return MulBf16x8(Expand(r, t), E8M0RestBf16x2(r.s));
   }
 };
 

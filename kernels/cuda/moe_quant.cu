@@ -134,8 +134,6 @@ absl::Status RunQuantExperts(const ExpertsDims& d, const float* u, const int32_t
     if (use_stream) {
       return MoeExpertsStream(d, kernels.stream_wgmma, u, weights, gate_up, down, w, out, stream);
     }
-  }
-  if constexpr (std::is_same_v<P, Mxfp4Weights>) {
     // Steps without a wide pass: ExpertMmaKernel with the folded expansion (Mxfp4FoldWeights,
     // which the wide kernel does not have; steps with one keep Mxfp4Weights in both kernels).
     if (mma && !use_wide) {

@@ -87,22 +87,6 @@ constexpr uint32_t kXTokenStride = (kStreamWarps / kMmaTokens) * 32 * 16;
 constexpr size_t kSmemBytes = kXBuffers * kChunkWords * sizeof(uint4) +
                               size_t{kStreamWarps} * kStages * kSlotWords * (sizeof(uint4) + 4);
 
-// cp.async to a shared-memory address (SmemAddr) computed once: 16 bytes of a weight stream, L1
-// bypassed, the rest of its 256-byte L2 line prefetched; 16 bytes zero-filled when !valid; 4
-// bytes (both addresses 4-byte aligned).
-__device__ __forceinline__ void CpAsync16Stream(uint32_t smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem)
-               : "memory");
-}
-__device__ __forceinline__ void CpAsync16(uint32_t smem, const void* gmem, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
-               "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void CpAsync4(uint32_t smem, const void* gmem) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem), "l"(gmem) : "memory");
-}
-
 // Column c of a row of 8-column groups stored in the pairing of the MXFP4 expansion: (0, 4),
 // (1, 5), (2, 6), (3, 7) (LoadBf16x8Pair4's order), so that a 16-byte copy of 8 stored columns is
 // the expansion's B word as it is.
@@ -148,19 +132,6 @@ __global__ void CastLogicalKernel(const float* u, int64_t words, uint4* xb) {
     o[j] = PackBf16x2(blk[PhysicalOfLogical(l0 + 2 * j)], blk[PhysicalOfLogical(l0 + 2 * j + 1)]);
   }
   xb[i] = make_uint4(o[0], o[1], o[2], o[3]);
-}
-
-// The compiler sees an asynchronous product's A registers as read and written here: they keep
-// their values (are not reused) from the wgmma that reads them to this point (its wait).
-__device__ __forceinline__ void KeepLive(uint4 (&v)[2]) {
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    asm volatile("" : "+r"(v[i].x), "+r"(v[i].y), "+r"(v[i].z), "+r"(v[i].w)::"memory");
-  }
-}
-// Four bf16x2 products by one pair.
-__device__ __forceinline__ uint4 MulBf16x8(const uint4& v, uint32_t f) {
-  return make_uint4(MulBf16x2(v.x, f), MulBf16x2(v.y, f), MulBf16x2(v.z, f), MulBf16x2(v.w, f));
 }
 
 // f(integral_constant<int, groups>) for 1 <= groups <= G.
@@ -227,7 +198,7 @@ __device__ __forceinline__ void WgmmaKBlock(float (&d)[4 * G], uint4 (&a)[2][2],
 #pragma unroll
   for (int t = 0; t < kW; ++t) {
     WgmmaWait<1>();  // word t - 2's products, the last readers of a[t % 2]
-    KeepLive(a[t % 2]);
+    WgmmaFenceOperands(a[t % 2]);
     a[t % 2][0] = P::Expand(lo, t);
     a[t % 2][1] = P::Expand(hi, t);
     if (any_big) {
@@ -381,8 +352,8 @@ __global__ void __launch_bounds__(kStreamThreads, kBlocksPerSm)
           CpAsyncWait<kWaitChunk>();  // this thread's copies of k block kb and of chunk c
           if constexpr (kWg) {
             WgmmaWait<0>();  // this warpgroup's products reading chunk c - 1
-            KeepLive(a[0]);
-            KeepLive(a[1]);
+            WgmmaFenceOperands(a[0]);
+            WgmmaFenceOperands(a[1]);
             WgmmaFenceOperands(d);
             FenceProxyAsyncShared();  // chunk c's copies, for the products' reads
           }
@@ -406,8 +377,8 @@ __global__ void __launch_bounds__(kStreamThreads, kBlocksPerSm)
       }
       if constexpr (kWg) {
         WgmmaWait<0>();
-        KeepLive(a[0]);
-        KeepLive(a[1]);
+        WgmmaFenceOperands(a[0]);
+        WgmmaFenceOperands(a[1]);
         WgmmaFenceOperands(d);
       }
       if (mt.live) {

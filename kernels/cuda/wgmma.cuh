@@ -11,21 +11,17 @@
 
 namespace dsv4::cuda {
 
-// The descriptor of a K-major operand at `smem` (a row's 16-byte chunks swizzled by row % 8,
+// The descriptor of a K-major operand at `smem` (a pointer, or its shared address; a row's 16-byte chunks swizzled by row % 8,
 // 128-byte rows, 8-row groups 1024 bytes apart; the tile 1024-byte aligned, `smem` itself may
 // be offset by a multiple of 32 bytes within the row for the k16 steps). Bits 0-13: start
 // address / 16; 16-29: leading byte offset / 16 (unused by swizzled K-major layouts: 1); 32-45:
 // stride byte offset / 16 (1024 bytes); 62-63: layout (1: 128-byte swizzle).
-__device__ __forceinline__ uint64_t WgmmaDescSw128(const void* smem) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  return uint64_t{(addr >> 4) & 0x3FFFu} | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
-         (uint64_t{1} << 62);
-}
-
-// The same descriptor from a shared-memory address (SmemAddr).
 __device__ __forceinline__ uint64_t WgmmaDescSw128Addr(uint32_t addr) {
   return uint64_t{(addr >> 4) & 0x3FFFu} | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
          (uint64_t{1} << 62);
+}
+__device__ __forceinline__ uint64_t WgmmaDescSw128(const void* smem) {
+  return WgmmaDescSw128Addr(static_cast<uint32_t>(__cvta_generic_to_shared(smem)));
 }
 
 // Orders the warpgroup's register and shared-memory accesses before the next wgmma.
@@ -49,6 +45,15 @@ template <int N>
 __device__ __forceinline__ void WgmmaFenceOperands(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// The same for A operands in registers (WgmmaBf16RegA): two 16-byte words of A fragments keep
+// their values (are not reused) from the wgmma that reads them to this point (its wait).
+__device__ __forceinline__ void WgmmaFenceOperands(uint4 (&v)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    asm volatile("" : "+r"(v[i].x), "+r"(v[i].y), "+r"(v[i].z), "+r"(v[i].w)::"memory");
+  }
 }
 
 // d[64 x N] += A[64 x 16] · B[N x 16]ᵀ, bf16 operands, fp32 accumulators (scale-d 1).
