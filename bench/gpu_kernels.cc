@@ -281,9 +281,10 @@ void QuantMoeRows(Ctx& c, double wb, bool bf16_rows) {
   with_shared.shared_gate_up = Rand(c.be, Shape{2 * I, D}, 33, 0.02f, WeightUse::kMatrix);
   with_shared.shared_down = Rand(c.be, Shape{D, I}, 34, 0.02f, WeightUse::kMatrix);
   StepMeta meta;
-  for (int32_t T : {1, 8, 64, 256, 512, 1024, 2048}) {
+  for (int32_t T : {1, 8, 64, 256, 512, 1024, 2048, 8192}) {
     // Decode batches: T sequences of one token; prefills: one sequence of T (512: 12
-    // assignments an expert, 1024: 24, the streaming kernels' (moe_stream.h); 2048: 48, tiled).
+    // assignments an expert, 1024: 24, the streaming kernels' (moe_stream.h); 2048: 48 and
+    // 8192: 192, the tiled GEMMs', whose TFLOP/s column is the prefill line's).
     if (T <= 256) {
       Meta(c.be, &meta, T, 100, 1, 128);
     } else {
@@ -306,7 +307,8 @@ void QuantMoeRows(Ctx& c, double wb, bool bf16_rows) {
     Tensor idx = *be.Scratch(DType::kI32, Shape{T, K});
     Tensor wts = Rand(c.be, Shape{T, K}, 35, 1.0f);
     (void)be.CopyFromHost(ids.data(), idx);
-    Tensor u = *be.Scratch(DType::kF32, Shape{T, D}), out = *be.Scratch(DType::kF32, Shape{T, D});
+    // Random activations: zeros would run the tensor cores faster than real data does.
+    Tensor u = Rand(c.be, Shape{T, D}, 36 + T, 1.0f), out = *be.Scratch(DType::kF32, Shape{T, D});
     const std::string sh = "T=" + std::to_string(T) + " distinct=" + std::to_string(distinct);
     double t = Time(c, [&] { return be.MoeExperts(u, idx, wts, routed, 10.0f, out); }, out);
     Row(c, "moe_mxfp4", sh, t, distinct * expert_bytes, 6.0 * T * K * D * I, wb == 2);

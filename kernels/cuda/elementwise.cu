@@ -83,6 +83,16 @@ __global__ void CastToBf16Kernel(const float* x, uint16_t* y, int64_t n) {
   }
 }
 
+// 8 elements a thread: stored pairs (0, 4), (1, 5), (2, 6), (3, 7).
+__global__ void CastToBf16Pair4Kernel(const float* x, uint4* y, int64_t words) {
+  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (i >= words) return;
+  const float4 a = reinterpret_cast<const float4*>(x)[2 * i];
+  const float4 b = reinterpret_cast<const float4*>(x)[2 * i + 1];
+  y[i] = make_uint4(PackBf16x2(a.x, b.x), PackBf16x2(a.y, b.y), PackBf16x2(a.z, b.z),
+                    PackBf16x2(a.w, b.w));
+}
+
 __global__ void CastToF32Kernel(const uint16_t* x, float* y, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -279,6 +289,19 @@ absl::Status Add(const float* a, const float* b, float* y, int64_t n, cudaStream
 absl::Status CastToBf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
   if (n == 0) return absl::OkStatus();
   CUDA_RETURN_IF_ERROR(LaunchPdl(CastToBf16Kernel, Blocks(n), dim3(kThreads), 0, stream, x, y, n));
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status CastToBf16Pair4(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
+  if (n % 8 != 0 || !Aligned16(x) || !Aligned16(y)) {
+    return absl::InvalidArgumentError(
+        "CastToBf16Pair4: needs a multiple of 8 elements and 16-byte aligned ends");
+  }
+  if (n == 0) return absl::OkStatus();
+  const int64_t words = n / 8;
+  CastToBf16Pair4Kernel<<<static_cast<unsigned>((words + 255) / 256), 256, 0, stream>>>(
+      x, reinterpret_cast<uint4*>(y), words);
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

@@ -39,6 +39,10 @@ absl::Status SetCopyWordsNode(cudaGraphExec_t exec, cudaGraphNode_t node, const 
 absl::Status Add(const float* a, const float* b, float* y, int64_t n, cudaStream_t stream);
 // bf16 <-> fp32 conversions (n elements).
 absl::Status CastToBf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
+// The same with each 8 consecutive elements stored in the pairing of the MXFP4 expansion
+// (Mxfp4Bf16x8: columns 0, 4, 1, 5, 2, 6, 3, 7; n % 8 == 0, x and y 16-byte aligned), so that
+// 16 stored bytes line up with the expanded weights' (the MXFP4 expert kernels' activations).
+absl::Status CastToBf16Pair4(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
 absl::Status CastToF32(const uint16_t* x, float* y, int64_t n, cudaStream_t stream);
 // out[r, :] = x[rows[r], :] for r < num_rows; rows on the device.
 absl::Status GatherRows(const float* x, int64_t width, const int32_t* rows, int64_t num_rows,

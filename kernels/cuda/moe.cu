@@ -435,7 +435,7 @@ absl::Status MoeExperts(const ExpertsDims& d, const float* u, const int32_t* idx
   const bool use_wide = mma && tiled_rows == 0 && UseWide(kernels.wide, d.tokens, a, d.experts);
   RETURN_IF_ERROR(SortAssignments(d, idx, use_wide, w, stream));
   if (tiled_rows > 0) {
-    return MoeExpertsTiled(d, tiled_rows, kernels.tile_wgmma, kernels.tile_warps,
+    return MoeExpertsTiled(d, tiled_rows, kernels.Tiled(), kernels.tile_warps,
                            /*fp8=*/false, u, weights, tgu, tdn, w, out, stream);
   }
   if (mma) {

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "common/dtype.h"
+#include "kernels/cuda/moe_tiled.h"
 #include "kernels/moe_shape.h"
 #include "kernels/ragged_batch.h"
 
@@ -52,6 +53,13 @@ struct MoeKernels {
   // DSV4_MOE_WGMMA: the tiled GEMMs on Hopper warpgroup MMAs (moe_tiled_wgmma.cu); 0: mma.sync
   // with DSV4_MOE_TILE_WARPS warps a tiled block, 8 (warp tiles of rows / 2 x 32) or 4 (x 64).
   bool tile_wgmma = true;
+  // DSV4_MOE_WS=1: the warp-specialised persistent wgmma kernels (moe_tiled_ws.cu) where they
+  // fit, ahead of tile_wgmma (off by default until they are faster on the device).
+  bool tile_ws = false;
+  TiledKernel Tiled() const {
+    return tile_ws ? TiledKernel::kWarpSpecialized
+                   : tile_wgmma ? TiledKernel::kWgmma : TiledKernel::kMmaSync;
+  }
   // DSV4_MOE_FP8 in precision fp8: MXFP4 experts of tiled steps on FP8 tensor cores with e4m3
   // activations (moe_tiled_fp8.cu).
   bool fp8_activations = false;

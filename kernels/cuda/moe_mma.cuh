@@ -372,6 +372,13 @@ __device__ __forceinline__ uint4 LoadBf16x8Pair4(const __nv_bfloat16* p) {
                     __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
 }
 
+// Where column c of a row of 8-column groups is stored in that pairing: (0, 4), (1, 5), (2, 6),
+// (3, 7) (CastToBf16Pair4's order), so that a 16-byte copy of 8 stored columns lines up with
+// Mxfp4Bf16x8's words.
+__device__ __forceinline__ int64_t Pair4Column(int64_t c) {
+  return (c & ~int64_t{7}) | ((c & 3) << 1) | ((c >> 2) & 1);
+}
+
 // Two bf16 products (round to nearest even; subnormal operands and results are kept).
 __device__ __forceinline__ uint32_t MulBf16x2(uint32_t a, uint32_t b) {
   uint32_t d;

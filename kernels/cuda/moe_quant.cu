@@ -127,7 +127,7 @@ absl::Status RunQuantExperts(const ExpertsDims& d, const float* u, const int32_t
                         UseWide(kernels.wide, d.tokens, d.tokens * d.top_k, d.experts);
   RETURN_IF_ERROR(SortAssignments(d, idx, use_wide, w, stream));
   if (tiled_rows > 0) {
-    return MoeExpertsTiled(d, tiled_rows, kernels.tile_wgmma, kernels.tile_warps,
+    return MoeExpertsTiled(d, tiled_rows, kernels.Tiled(), kernels.tile_warps,
                            kernels.fp8_activations, u, weights, tgu, tdn, w, out, stream);
   }
   if constexpr (std::is_same_v<P, Mxfp4Weights>) {

@@ -55,6 +55,7 @@
 #include "common/status.h"
 #include "kernels/common/cuda_check.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/moe_mma.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
@@ -86,19 +87,6 @@ static_assert((kStages & (kStages - 1)) == 0 && kStreamWarps % kMmaTokens == 0, 
 constexpr uint32_t kXTokenStride = (kStreamWarps / kMmaTokens) * 32 * 16;
 constexpr size_t kSmemBytes = kXBuffers * kChunkWords * sizeof(uint4) +
                               size_t{kStreamWarps} * kStages * kSlotWords * (sizeof(uint4) + 4);
-
-// Column c of a row of 8-column groups stored in the pairing of the MXFP4 expansion: (0, 4),
-// (1, 5), (2, 6), (3, 7) (LoadBf16x8Pair4's order), so that a 16-byte copy of 8 stored columns is
-// the expansion's B word as it is.
-__device__ __forceinline__ int64_t Pair4Column(int64_t c) {
-  return (c & ~int64_t{7}) | ((c & 3) << 1) | ((c >> 2) & 1);
-}
-
-// u [T, D] fp32 -> bf16 in the pairing above (8 columns a thread; D % 8 == 0).
-__global__ void CastPair4Kernel(const float* u, int64_t words, uint4* xb) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < words) xb[i] = LoadBf16x8Pair4(u + 8 * i);
-}
 
 // The wgmma kernels' column order: in each 128 columns (a k block), the column that A-fragment
 // position (k16 step σ = 2 t + h, k ℓ) holds after the expansion of word t of quad lane q:
@@ -458,9 +446,7 @@ absl::Status MoeExpertsStream(const ExpertsShape& d, bool wgmma, const float* u,
                                                d.top_k, down, d.dim, d.inter, 0.0f, w, w.y)));
     return CombineAssignments(d, w.y, nullptr, weights, out, stream);
   }
-  CastPair4Kernel<<<static_cast<unsigned>((words + 255) / 256), 256, 0, stream>>>(
-      u, words, reinterpret_cast<uint4*>(w.xb));
-  CUDA_RETURN_IF_LAUNCH_ERROR();
+  RETURN_IF_ERROR(CastToBf16Pair4(u, w.xb, d.tokens * d.dim, stream));  // Pair4Column's order
   RETURN_IF_ERROR((LaunchStream<true, false>(max_active, stream, xb, d.dim, true, false, d.top_k,
                                              gate_up, d.inter, d.dim, d.swiglu_limit, w, h)));
   RETURN_IF_ERROR((LaunchStream<false, false>(max_active, stream, h, d.inter, false, true,

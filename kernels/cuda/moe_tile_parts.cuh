@@ -47,6 +47,18 @@ struct TileGemmArgs {
 absl::Status RunTiledWgmma(QuantFormat format, int tile_rows, const TileGemmArgs& gu,
                            const TileGemmArgs& dn, int64_t assignments, cudaStream_t stream);
 
+// The warp-specialised persistent kernels (moe_tiled_ws.cu), gate_up then down, with token tiles
+// of at most `max_n` assignments (MoeTiledWsRows: 256, 128 or 64 by the experts' average
+// assignments, shapes only); `tile_start` of both must be the token-tile prefix at max_n rows
+// (TileStartKernel). TiledWsFits: whether they take these shapes and weights on this device
+// (MXFP4: D and I multiples of 128 and word-aligned scales; the rings and the experts' prefix
+// within the device's shared memory).
+int MoeTiledWsRows(int64_t assignments, int64_t experts);
+bool TiledWsFits(QuantFormat format, int max_n, int64_t dim, int64_t inter, int64_t experts,
+                 const TiledExpertWeights& gate_up, const TiledExpertWeights& down);
+absl::Status RunTiledWs(QuantFormat format, int max_n, const TileGemmArgs& gu,
+                        const TileGemmArgs& dn, cudaStream_t stream);
+
 // The FP8 kernels (moe_tiled_fp8.cu): MXFP4 experts expanded to e4m3 in shared memory against
 // e4m3 activations, 64-row token tiles; gate_up writes h in fp32 (quantised between the two).
 absl::Status RunTiledFp8Gemm(bool swiglu, const TileGemmArgs& g, int64_t assignments,
@@ -81,6 +93,17 @@ struct Swizzle128Layout {
     return r * kTileK + ((((c >> 3) ^ r) & 7) << 3);
   }
 };
+
+// Codes 2j and 2j + 1 of an MXFP4 word to nibbles j and j + 4: Mxfp4Bf16x8(Fold) then pairs
+// them into the bf16 words of columns (0, 1), (2, 3), (4, 5), (6, 7).
+__device__ __forceinline__ uint32_t Mxfp4Unshuffle(uint32_t w) {
+  uint32_t e = w & 0x0F0F0F0Fu, o = (w >> 4) & 0x0F0F0F0Fu;
+  e = (e | (e >> 4)) & 0x00FF00FFu;
+  o = (o | (o >> 4)) & 0x00FF00FFu;
+  e = (e | (e >> 8)) & 0x0000FFFFu;
+  o = (o | (o >> 8)) & 0x0000FFFFu;
+  return e | (o << 16);
+}
 
 // ---- Weight formats: a thread's share of a 128 x 64 weight slice ----
 // Init(w, row0_of_expert, tile-row map, k_in): the thread's rows; Load(k0, stage): cp.async into
@@ -139,15 +162,6 @@ struct TileMxfp4 {
       s[i] = __ldg(scale[i] + k0 / 32);
     }
   }
-  // Codes 2j and 2j + 1 of a word to nibbles j and j + 4 (Mxfp4Bf16x8 then pairs them).
-  __device__ __forceinline__ static uint32_t Unshuffle(uint32_t w) {
-    uint32_t e = w & 0x0F0F0F0Fu, o = (w >> 4) & 0x0F0F0F0Fu;
-    e = (e | (e >> 4)) & 0x00FF00FFu;
-    o = (o | (o >> 4)) & 0x00FF00FFu;
-    e = (e | (e >> 8)) & 0x0000FFFFu;
-    o = (o | (o >> 8)) & 0x0000FFFFu;
-    return e | (o << 16);
-  }
   __device__ __forceinline__ void Store(int64_t, bf16* stage) const {
 #pragma unroll
     for (int i = 0; i < kChunks; ++i) {
@@ -156,7 +170,7 @@ struct TileMxfp4 {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         StoreShared16(stage + L::At(row[i], col[i] + 8 * j),
-                      Mxfp4Bf16x8(Unshuffle(words[j]), s2));
+                      Mxfp4Bf16x8(Mxfp4Unshuffle(words[j]), s2));
       }
     }
   }

@@ -324,8 +324,8 @@ absl::Status RunFp8(const ExpertsShape& d, const float* u, GemmArgs gu, GemmArgs
 
 }  // namespace
 
-absl::Status MoeExpertsTiled(const ExpertsShape& d, int tile_rows, bool wgmma, int warps,
-                             bool fp8, const float* u,
+absl::Status MoeExpertsTiled(const ExpertsShape& d, int tile_rows, TiledKernel kernel,
+                             int warps, bool fp8, const float* u,
                              const float* weights, const TiledExpertWeights& gate_up,
                              const TiledExpertWeights& down, const MoeWorkspace& w, float* out,
                              cudaStream_t stream) {
@@ -339,10 +339,20 @@ absl::Status MoeExpertsTiled(const ExpertsShape& d, int tile_rows, bool wgmma, i
         "weights of one format (MoeTiledRows)");
   }
   const bool use_fp8 = fp8 && Fp8TiledFits(d, gate_up);
+  const int ws_rows = MoeTiledWsRows(d.tokens * d.top_k, d.experts);
+  const bool use_ws =
+      !use_fp8 && kernel == TiledKernel::kWarpSpecialized &&
+      TiledWsFits(gate_up.format, ws_rows, d.dim, d.inter, d.experts, gate_up, down);
   if (!use_fp8) {  // RunFp8 quantises u itself and numbers its own 64-row tiles
-    RETURN_IF_ERROR(CastToBf16(u, w.xb, d.tokens * d.dim, stream));
+    // The warp-specialised kernels take MXFP4 activations in the expansion's pair order.
+    if (use_ws && gate_up.format == QuantFormat::kMxfp4) {
+      RETURN_IF_ERROR(CastToBf16Pair4(u, w.xb, d.tokens * d.dim, stream));
+    } else {
+      RETURN_IF_ERROR(CastToBf16(u, w.xb, d.tokens * d.dim, stream));
+    }
     TileStartKernel<<<1, kScanThreads, 0, stream>>>(w.offsets, static_cast<int32_t>(d.experts),
-                                                    tile_rows, w.tile_start);
+                                                    use_ws ? ws_rows : tile_rows,
+                                                    w.tile_start);
     CUDA_RETURN_IF_LAUNCH_ERROR();
   }
   bf16* h = reinterpret_cast<bf16*>(w.h);
@@ -372,7 +382,11 @@ absl::Status MoeExpertsTiled(const ExpertsShape& d, int tile_rows, bool wgmma, i
     RETURN_IF_ERROR(RunFp8(d, u, gu, dn, w, stream));
     return CombineAssignments(d, w.y, nullptr, weights, out, stream);
   }
-  if (wgmma) {
+  if (use_ws) {
+    RETURN_IF_ERROR(RunTiledWs(gate_up.format, ws_rows, gu, dn, stream));
+    return CombineAssignments(d, w.y, nullptr, weights, out, stream);
+  }
+  if (kernel != TiledKernel::kMmaSync) {
     RETURN_IF_ERROR(RunTiledWgmma(gate_up.format, tile_rows, gu, dn, d.tokens * d.top_k, stream));
     return CombineAssignments(d, w.y, nullptr, weights, out, stream);
   }

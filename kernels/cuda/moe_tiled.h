@@ -33,14 +33,22 @@ constexpr int64_t kMoeTiledMinAverage = 32;
 int MoeTiledRows(const ::dsv4::ExpertsShape& d, const TiledExpertWeights& gate_up,
                  const TiledExpertWeights& down, int mode);
 
+// The tiled kernel families, all with the same outputs up to the tensor cores' summation within
+// a 16-k product: kWarpSpecialized (moe_tiled_ws.cu: persistent, a producer warpgroup and two
+// consumer warpgroups, token tiles of up to 256 assignments sized to each expert; where it does
+// not fit, kWgmma runs instead), kWgmma (moe_tiled_wgmma.cu: token tiles of `tile_rows`),
+// kMmaSync (moe_tiled.cu: `tile_rows` and `warps`).
+enum class TiledKernel { kMmaSync, kWgmma, kWarpSpecialized };
+
 // out[T, D] = Σ_k weights[t,k] · down[e] · SwiGLU(gate_up[e] · u[t]) with the assignments
 // already sorted by expert (SortAssignments: w.order, w.offsets); `tile_rows` from MoeTiledRows.
-// `wgmma`: the Hopper warpgroup-MMA kernels (moe_tiled_wgmma.cu); else mma.sync with `warps` 8
-// (2 x 4: warp tiles of (rows / 2) x 32) or 4 (2 x 2: (rows / 2) x 64). `fp8` (MXFP4 experts,
+// `kernel`: the family above; mma.sync takes `warps` 8 (2 x 4: warp tiles of (rows / 2) x 32)
+// or 4 (2 x 2: (rows / 2) x 64). `fp8` (MXFP4 experts,
 // D and I multiples of 128; else ignored): u and h in e4m3 per 1 x 128 group and the experts
 // expanded to e4m3, on FP8 tensor cores with 64-row tiles (moe_tiled_fp8.cu; Fp8TiledFits).
 bool Fp8TiledFits(const ::dsv4::ExpertsShape& d, const TiledExpertWeights& gate_up);
-absl::Status MoeExpertsTiled(const ::dsv4::ExpertsShape& d, int tile_rows, bool wgmma, int warps,
+absl::Status MoeExpertsTiled(const ::dsv4::ExpertsShape& d, int tile_rows, TiledKernel kernel,
+                             int warps,
                              bool fp8, const float* u,
                              const float* weights, const TiledExpertWeights& gate_up,
                              const TiledExpertWeights& down, const MoeWorkspace& w, float* out,

@@ -2,7 +2,8 @@
 // CPU reference, through the Backend seam in bf16 mode (label `gpu`): bf16, MXFP4 and FP8 routed
 // experts, ragged token counts (1, 7, 129, 1000, 8192), experts with none, one and many
 // assignments (HotRouting), both token tiles forced (DSV4_MOE_TILED=64 / 128) and chosen by
-// shape, on the wgmma kernels and the mma.sync ones (DSV4_MOE_WGMMA=0). The tolerance is the
+// shape, on the warp-specialised kernels (DSV4_MOE_WS, their token tiles sized per expert), the
+// wgmma kernels and the mma.sync ones (DSV4_MOE_WS=0 DSV4_MOE_WGMMA=0). The tolerance is the
 // bf16 expert tests' 1e-2 at the output's scale (u and h rounded to bf16; FP8 weights rounded to
 // bf16 once). The mma.sync kernels sum every output over k in the same order with the same
 // operands at both token tiles and warp layouts, so those four must agree bit for bit.
@@ -56,10 +57,14 @@ struct TiledCase {
   bool hot = false;
 };
 
-// The tiled kernels: wgmma, or mma.sync with 8 or 4 warps a block.
-enum class Mma { kWgmma, kSync8, kSync4 };
+// The tiled kernels: warp-specialised (moe_tiled_ws.cu), wgmma, or mma.sync with 8 or 4 warps
+// a block.
+enum class Mma { kWs, kWgmma, kSync8, kSync4 };
 const char* MmaName(Mma m) {
-  return m == Mma::kWgmma ? "wgmma" : m == Mma::kSync8 ? "mma.sync x8" : "mma.sync x4";
+  return m == Mma::kWs      ? "warp-specialised"
+         : m == Mma::kWgmma ? "wgmma"
+         : m == Mma::kSync8 ? "mma.sync x8"
+                            : "mma.sync x4";
 }
 
 // GPU (with DSV4_MOE_TILED = `mode` and the kernels `mma`, in `precision`) against the CPU
@@ -71,6 +76,7 @@ std::vector<std::vector<float>> CompareTiled(const char* mode, WeightFormat form
                                              double tol = 1e-2, double* err = nullptr) {
   std::vector<std::vector<float>> outs;
   const ScopedEnv tiled("DSV4_MOE_TILED", mode);
+  const ScopedEnv ws("DSV4_MOE_WS", mma == Mma::kWs ? "1" : "0");
   const ScopedEnv wgmma("DSV4_MOE_WGMMA", mma == Mma::kWgmma ? "1" : "0");
   const ScopedEnv tile_warps("DSV4_MOE_TILE_WARPS", mma == Mma::kSync4 ? "4" : "8");
   BackendPair p(precision);
@@ -105,13 +111,15 @@ std::vector<std::vector<float>> CompareTiled(const char* mode, WeightFormat form
 // Small widths in all three formats, both token tiles and both warp layouts forced: ragged
 // counts (a partial last token tile everywhere; at T = 2 and 7 most experts have no assignment,
 // the rest one; T = 1 takes the single-token kernels whatever the switch) and a hot expert
-// (every token) next to experts with none or one. The four mma.sync variants give the same bits;
-// the wgmma kernels at both token tiles meet the reference.
+// (every token: 1000 assignments, four 250-row tiles of the warp-specialised kernels) next to
+// experts with none or one. The four mma.sync variants give the same bits; the wgmma kernels at
+// both token tiles and the warp-specialised ones meet the reference.
 TEST(CudaMoeTiled, RaggedCountsMatchReference) {
   DSV4_REQUIRE_GPU();
   for (WeightFormat f : {WeightFormat::kDense, WeightFormat::kMxfp4, WeightFormat::kFp8Block}) {
     for (bool hot : {false, true}) {
       const TiledCase c{8, 256, 128, 2, {1, 2, 7, 129, 1000}, hot};
+      CompareTiled("64", f, c, 900, Mma::kWs);
       CompareTiled("64", f, c, 900, Mma::kWgmma);
       CompareTiled("128", f, c, 900, Mma::kWgmma);
       const std::vector<std::vector<float>> runs[4] = {
@@ -131,11 +139,14 @@ TEST(CudaMoeTiled, RaggedCountsMatchReference) {
 }
 
 // Flash widths (D = 4096, I = 2048, top-6) at 8 experts and 1000 tokens, chosen by shape
-// (750 assignments an expert: 128-row tiles) with random and hot routing on the wgmma kernels,
-// 64-row tiles forced there at 300 tokens, and random routing on mma.sync.
+// (750 assignments an expert: 128-row tiles; three of 250 on the warp-specialised kernels) with
+// random and hot routing on the warp-specialised and wgmma kernels, 64-row tiles forced at 300
+// tokens on wgmma, and random routing on mma.sync.
 TEST(CudaMoeTiled, FlashWidthsMatchReference) {
   DSV4_REQUIRE_GPU();
   for (WeightFormat f : {WeightFormat::kDense, WeightFormat::kMxfp4, WeightFormat::kFp8Block}) {
+    CompareTiled("1", f, TiledCase{8, 4096, 2048, 6, {1000}, false}, 910, Mma::kWs);
+    CompareTiled("1", f, TiledCase{8, 4096, 2048, 6, {1000}, true}, 920, Mma::kWs);
     CompareTiled("1", f, TiledCase{8, 4096, 2048, 6, {1000}, false}, 910, Mma::kWgmma);
     CompareTiled("1", f, TiledCase{8, 4096, 2048, 6, {1000}, true}, 920, Mma::kWgmma);
     CompareTiled("64", f, TiledCase{8, 4096, 2048, 6, {300}, false}, 930, Mma::kWgmma);
@@ -147,9 +158,33 @@ TEST(CudaMoeTiled, FlashWidthsMatchReference) {
 // tokens over 256 experts (48 each: 64-row tiles), MXFP4 as released.
 TEST(CudaMoeTiled, LongPromptsMatchReference) {
   DSV4_REQUIRE_GPU();
-  for (Mma m : {Mma::kWgmma, Mma::kSync8}) {
+  for (Mma m : {Mma::kWs, Mma::kWgmma, Mma::kSync8}) {
     CompareTiled("1", WeightFormat::kMxfp4, TiledCase{64, 512, 256, 6, {8192}}, 930, m);
     CompareTiled("1", WeightFormat::kMxfp4, TiledCase{256, 512, 256, 6, {2048}}, 940, m);
+  }
+}
+
+// The warp-specialised kernels' token tiles: experts with 1 .. ~900 assignments (16 experts,
+// top-4, random routing over 37 .. 3600 tokens) take every N from 32 to 256 and splits into 2 to
+// 4 even tiles, in all three formats, against the reference; and they agree with the wgmma
+// kernels, which sum the same bf16 products over k in the same order, to far below the
+// reference tolerance (printed: whether the bits are equal).
+TEST(CudaMoeTiled, WarpSpecialisedTileSizesMatchReference) {
+  DSV4_REQUIRE_GPU();
+  for (WeightFormat f : {WeightFormat::kDense, WeightFormat::kMxfp4, WeightFormat::kFp8Block}) {
+    const TiledCase c{16, 256, 128, 4, {37, 300, 777, 1500, 3600}, false};
+    const auto ws = CompareTiled("64", f, c, 960, Mma::kWs);
+    const auto wg = CompareTiled("64", f, c, 960, Mma::kWgmma);
+    ASSERT_EQ(ws.size(), c.tokens.size());
+    ASSERT_EQ(wg.size(), c.tokens.size());
+    for (size_t i = 0; i < c.tokens.size(); ++i) {
+      const double err = testing::ErrorAtScale(ws[i], wg[i]);
+      const bool same = std::memcmp(ws[i].data(), wg[i].data(), ws[i].size() * sizeof(float)) == 0;
+      std::printf("    %s T=%d: warp-specialised vs wgmma %s (%.3g of the scale)\n",
+                  std::string(WeightFormatName(f)).c_str(), c.tokens[i],
+                  same ? "bit for bit" : "differ", err);
+      EXPECT_LT(err, 1e-4) << WeightFormatName(f) << " T=" << c.tokens[i];
+    }
   }
 }
 

@@ -168,6 +168,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     b->moe_kernels_.tile_warps = w == 0 ? 8 : 4;
     // DSV4_MOE_WGMMA=0: the mma.sync tiled kernels (the A/B baseline of the wgmma ones).
     ASSIGN_OR_RETURN(b->moe_kernels_.tile_wgmma, EnvBool("DSV4_MOE_WGMMA", true));
+    // DSV4_MOE_WS=1: the warp-specialised tiled kernels (moe_tiled_ws.cu) instead of the wgmma
+    // ones (an experiment, off: bench/results/2026-12-07-ws-experts).
+    ASSIGN_OR_RETURN(b->moe_kernels_.tile_ws, EnvBool("DSV4_MOE_WS", false));
   }
   // DSV4_MOE_STREAM: the weight-streaming MXFP4 expert kernels of steps below the tiled GEMMs'
   // (kernels/cuda/moe_stream.h): 0 off (the wide kernel, the A/B baseline), 1 by shape, 2
