@@ -312,8 +312,9 @@ struct WsRows {
 // barrier when they land (one arrival a thread); for quantised weights also copy the raw slice
 // of stage it + kAhead (a second cursor over the same tiles) and expand stage it's raw slice,
 // which the thread copied kAhead stages ago, into the weight tile, then arrive (a second
-// arrival). Tile j's rows go to table j % kTables before its first stage; tile j + 1's are
-// loaded into registers meanwhile.
+// arrival); for bf16 thread 0 arrives a second time (the header's and table's release). Tile
+// j's rows go to table j % kTables at its first stage; tile j + 1's are loaded into registers
+// meanwhile.
 template <class F, bool kSwiGlu, int kMaxN>
 __device__ __forceinline__ void WsProducer(const TileGemmArgs& g, const WsShared& sh) {
   using Ring = WsRing<F, kMaxN>;
@@ -360,11 +361,6 @@ __device__ __forceinline__ void WsProducer(const TileGemmArgs& g, const WsShared
     WsDecode(g, sh, cur);
     const int table = j % Ring::kTables;
     int32_t* const tab = sh.tables + table * kMaxN;
-    rows.Store(tab, t);
-    NamedBarrierSync(kWsProducerBarrier, kWsProducers);  // the table is written
-    next.tile = cur.tile + gridDim.x;
-    if (next.tile < total) WsDecode(g, sh, next);
-    rows.Load(g, next.tile < total ? next : WsTile{-1}, t);
     if constexpr (!F::kExpands) {
       fmt.template Init<kSwiGlu>(g, int64_t{cur.e} * w_rows, cur.n_tile, t);
     }
@@ -372,9 +368,20 @@ __device__ __forceinline__ void WsProducer(const TileGemmArgs& g, const WsShared
     for (int kt = 0; kt < kt_count; ++kt, ++it) {
       const int slot = it % S;
       MbarWait(&sh.empty[slot], ((it / S) & 1) ^ 1);
-      if (t == 0 && kt == 0) {
-        sh.header[slot] = WsHeader{cur.a0, cur.count, cur.n_tile, static_cast<int16_t>(cur.n),
-                                   static_cast<int16_t>(table)};
+      if (kt == 0) {
+        // Only now is the table free: the consumers have released stage it - S, so the oldest
+        // tile whose epilogue may still read its table is the one holding that stage, at most
+        // S tiles back (kTables = S + 1; before the wait it could be S + 1 back at one stage a
+        // tile).
+        rows.Store(tab, t);
+        NamedBarrierSync(kWsProducerBarrier, kWsProducers);  // the table is written
+        next.tile = cur.tile + gridDim.x;
+        if (next.tile < total) WsDecode(g, sh, next);
+        rows.Load(g, next.tile < total ? next : WsTile{-1}, t);
+        if (t == 0) {
+          sh.header[slot] = WsHeader{cur.a0, cur.count, cur.n_tile, static_cast<int16_t>(cur.n),
+                                     static_cast<int16_t>(table)};
+        }
       }
       const int64_t k0 = int64_t{kt} * kTileK;
       bf16* const acts = sh.Acts(slot);
@@ -385,7 +392,12 @@ __device__ __forceinline__ void WsProducer(const TileGemmArgs& g, const WsShared
       }
       if constexpr (!F::kExpands) fmt.IssueWeights(k0, sh.Weights(slot), t);
       MbarArriveOnCopies(&sh.full[slot]);
-      if constexpr (F::kExpands) {
+      if constexpr (!F::kExpands) {
+        // The header and the table reach the consumers through an ordinary (release) arrival:
+        // the copies' arrivals are not documented to order this thread's stores. The named
+        // barrier above ordered the other threads' table stores before thread 0's.
+        if (t == 0) MbarArrive(&sh.full[slot]);
+      } else {
         issue_ahead(it + Ring::kAhead);
         CpAsyncWait<Ring::kAhead>();  // the group holding stage it's raw slice has landed
         F::Expand(sh.raws + (it % Ring::kRawSlots) * F::kRawBytes, sh.Weights(slot), kt & 1,
@@ -400,7 +412,7 @@ __device__ __forceinline__ void WsProducer(const TileGemmArgs& g, const WsShared
   MbarWait(&sh.empty[slot], ((it / S) & 1) ^ 1);
   if (t == 0) sh.header[slot].table = kWsDone;
   MbarArrive(&sh.full[slot]);
-  if constexpr (F::kExpands) MbarArrive(&sh.full[slot]);
+  if (F::kExpands || t == 0) MbarArrive(&sh.full[slot]);
 }
 
 // A stage's four k16 products for a tile of N assignments.
@@ -541,7 +553,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) ExpertWsKernel(const TileGemmAr
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < S; ++s) {
-      MbarInit(&full[s], F::kExpands ? 2 * kWsProducers : kWsProducers);
+      // bf16: a copies' arrival a producer and thread 0's ordinary one; quantised: a copies'
+      // arrival and an ordinary one a producer.
+      MbarInit(&full[s], F::kExpands ? 2 * kWsProducers : kWsProducers + 1);
       MbarInit(&empty[s], kWsConsumerWarps);
     }
     MbarInitFence();
@@ -641,8 +655,10 @@ bool TiledWsFits(QuantFormat format, int max_n, int64_t dim, int64_t inter, int6
       return false;
     }
   }
+  // The barriers and headers are static shared memory: at most 8 stages x 32 bytes.
+  constexpr size_t kStaticBytes = 256;
   const size_t optin = DeviceSmemOptin();
-  return optin > 0 && WsSmem(format, max_n, experts) <= optin;
+  return optin > kStaticBytes && WsSmem(format, max_n, experts) <= optin - kStaticBytes;
 }
 
 absl::Status RunTiledWs(QuantFormat format, int max_n, const TileGemmArgs& gu,

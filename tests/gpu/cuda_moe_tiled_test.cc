@@ -168,22 +168,29 @@ TEST(CudaMoeTiled, LongPromptsMatchReference) {
 // top-4, random routing over 37 .. 3600 tokens) take every N from 32 to 256 and splits into 2 to
 // 4 even tiles, in all three formats, against the reference; and they agree with the wgmma
 // kernels, which sum the same bf16 products over k in the same order, to far below the
-// reference tolerance (printed: whether the bits are equal).
+// reference tolerance (printed: whether the bits are equal). The second case gives the down
+// GEMM a single k stage (I = 64) and ~8 tiles a block, so the producer runs whole tiles ahead of
+// the down epilogue, which reads its tile's rows from the table ring (MXFP4 needs I % 128 and
+// takes the wgmma kernels there).
 TEST(CudaMoeTiled, WarpSpecialisedTileSizesMatchReference) {
   DSV4_REQUIRE_GPU();
+  const TiledCase cases[] = {{16, 256, 128, 4, {37, 300, 777, 1500, 3600}, false},
+                             {64, 1024, 64, 4, {8192}, false}};
   for (WeightFormat f : {WeightFormat::kDense, WeightFormat::kMxfp4, WeightFormat::kFp8Block}) {
-    const TiledCase c{16, 256, 128, 4, {37, 300, 777, 1500, 3600}, false};
-    const auto ws = CompareTiled("64", f, c, 960, Mma::kWs);
-    const auto wg = CompareTiled("64", f, c, 960, Mma::kWgmma);
-    ASSERT_EQ(ws.size(), c.tokens.size());
-    ASSERT_EQ(wg.size(), c.tokens.size());
-    for (size_t i = 0; i < c.tokens.size(); ++i) {
-      const double err = testing::ErrorAtScale(ws[i], wg[i]);
-      const bool same = std::memcmp(ws[i].data(), wg[i].data(), ws[i].size() * sizeof(float)) == 0;
-      std::printf("    %s T=%d: warp-specialised vs wgmma %s (%.3g of the scale)\n",
-                  std::string(WeightFormatName(f)).c_str(), c.tokens[i],
-                  same ? "bit for bit" : "differ", err);
-      EXPECT_LT(err, 1e-4) << WeightFormatName(f) << " T=" << c.tokens[i];
+    for (const TiledCase& c : cases) {
+      const auto ws = CompareTiled("64", f, c, 960, Mma::kWs);
+      const auto wg = CompareTiled("64", f, c, 960, Mma::kWgmma);
+      ASSERT_EQ(ws.size(), c.tokens.size());
+      ASSERT_EQ(wg.size(), c.tokens.size());
+      for (size_t i = 0; i < c.tokens.size(); ++i) {
+        const double err = testing::ErrorAtScale(ws[i], wg[i]);
+        const bool same =
+            std::memcmp(ws[i].data(), wg[i].data(), ws[i].size() * sizeof(float)) == 0;
+        std::printf("    %s I=%lld T=%d: warp-specialised vs wgmma %s (%.3g of the scale)\n",
+                    std::string(WeightFormatName(f)).c_str(), static_cast<long long>(c.inter),
+                    c.tokens[i], same ? "bit for bit" : "differ", err);
+        EXPECT_LT(err, 1e-4) << WeightFormatName(f) << " I=" << c.inter << " T=" << c.tokens[i];
+      }
     }
   }
 }
