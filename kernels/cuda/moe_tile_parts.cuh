@@ -94,17 +94,6 @@ struct Swizzle128Layout {
   }
 };
 
-// Codes 2j and 2j + 1 of an MXFP4 word to nibbles j and j + 4: Mxfp4Bf16x8(Fold) then pairs
-// them into the bf16 words of columns (0, 1), (2, 3), (4, 5), (6, 7).
-__device__ __forceinline__ uint32_t Mxfp4Unshuffle(uint32_t w) {
-  uint32_t e = w & 0x0F0F0F0Fu, o = (w >> 4) & 0x0F0F0F0Fu;
-  e = (e | (e >> 4)) & 0x00FF00FFu;
-  o = (o | (o >> 4)) & 0x00FF00FFu;
-  e = (e | (e >> 8)) & 0x0000FFFFu;
-  o = (o | (o >> 8)) & 0x0000FFFFu;
-  return e | (o << 16);
-}
-
 // ---- Weight formats: a thread's share of a 128 x 64 weight slice ----
 // Init(w, row0_of_expert, tile-row map, k_in): the thread's rows; Load(k0, stage): cp.async into
 // the stage (bf16) or into registers (quantised); Store(k0, stage): the registers expanded into
@@ -162,6 +151,15 @@ struct TileMxfp4 {
       s[i] = __ldg(scale[i] + k0 / 32);
     }
   }
+  // Codes 2j and 2j + 1 of a word to nibbles j and j + 4 (Mxfp4Bf16x8 then pairs them).
+  __device__ __forceinline__ static uint32_t Unshuffle(uint32_t w) {
+    uint32_t e = w & 0x0F0F0F0Fu, o = (w >> 4) & 0x0F0F0F0Fu;
+    e = (e | (e >> 4)) & 0x00FF00FFu;
+    o = (o | (o >> 4)) & 0x00FF00FFu;
+    e = (e | (e >> 8)) & 0x0000FFFFu;
+    o = (o | (o >> 8)) & 0x0000FFFFu;
+    return e | (o << 16);
+  }
   __device__ __forceinline__ void Store(int64_t, bf16* stage) const {
 #pragma unroll
     for (int i = 0; i < kChunks; ++i) {
@@ -170,7 +168,7 @@ struct TileMxfp4 {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         StoreShared16(stage + L::At(row[i], col[i] + 8 * j),
-                      Mxfp4Bf16x8(Mxfp4Unshuffle(words[j]), s2));
+                      Mxfp4Bf16x8(Unshuffle(words[j]), s2));
       }
     }
   }

@@ -43,13 +43,12 @@ enum class TiledKernel { kMmaSync, kWgmma, kWarpSpecialized };
 // out[T, D] = Σ_k weights[t,k] · down[e] · SwiGLU(gate_up[e] · u[t]) with the assignments
 // already sorted by expert (SortAssignments: w.order, w.offsets); `tile_rows` from MoeTiledRows.
 // `kernel`: the family above; mma.sync takes `warps` 8 (2 x 4: warp tiles of (rows / 2) x 32)
-// or 4 (2 x 2: (rows / 2) x 64). `fp8` (MXFP4 experts,
-// D and I multiples of 128; else ignored): u and h in e4m3 per 1 x 128 group and the experts
-// expanded to e4m3, on FP8 tensor cores with 64-row tiles (moe_tiled_fp8.cu; Fp8TiledFits).
+// or 4 (2 x 2: (rows / 2) x 64). `fp8` (MXFP4 experts, D and I multiples of 128; else ignored):
+// u and h in e4m3 per 1 x 128 group and the experts expanded to e4m3, on FP8 tensor cores with
+// 64-row tiles (moe_tiled_fp8.cu; Fp8TiledFits).
 bool Fp8TiledFits(const ::dsv4::ExpertsShape& d, const TiledExpertWeights& gate_up);
 absl::Status MoeExpertsTiled(const ::dsv4::ExpertsShape& d, int tile_rows, TiledKernel kernel,
-                             int warps,
-                             bool fp8, const float* u,
+                             int warps, bool fp8, const float* u,
                              const float* weights, const TiledExpertWeights& gate_up,
                              const TiledExpertWeights& down, const MoeWorkspace& w, float* out,
                              cudaStream_t stream);

@@ -12,19 +12,22 @@
 //   warpgroup and two consumer warpgroups (setmaxnreg: 112 and 184 registers a thread; the
 //   consumers' 128 accumulators and the producer's copies and expansion then fit unspilled).
 // * Tile: 128 weight rows (64 a consumer warpgroup, the wgmma's M) x N assignments of one expert
-//   (the wgmma's N): an expert's c assignments are split into ceil(c / 256) even token tiles and
-//   each tile's N is its count rounded up to 32 (N = 32 .. 256: the products of padding rows are
-//   at most 31 a tile). Tiles are numbered expert by expert, then weight tile, then token tile (a
+//   (the wgmma's N): an expert's c assignments are split into ceil(c / kMaxN) even token tiles
+//   (kMaxN 256, 128 or 64 by the step's average assignments an expert, MoeTiledWsRows) and each
+//   tile's N is its count rounded up to 32 (N = 32 .. kMaxN: the products of padding rows are at
+//   most 31 a tile). Tiles are numbered expert by expert, then weight tile, then token tile (a
 //   weight tile's token tiles run side by side and share its weights through L2); block b takes
 //   tiles b, b + grid, ... and finds each one's expert by a forward scan of the token-tile prefix
-//   (TileStartKernel at 256 rows) kept in shared memory with the experts' offsets.
-// * Stages: K in slices of 64 through a ring of S stages (4; 3 for FP8 weights), each a [128][64]
-//   bf16 weight tile and a [256][64] bf16 activation tile in the 128-byte swizzle (read by
-//   wgmma from shared memory: weights as A, assignments as B). Per stage the producer waits for
-//   the stage to be empty, copies the activations (gathered by token for gate_up; rows past the
-//   tile's count zero-filled) and bf16 weights with cp.async and lets them arrive on the stage's
-//   `full` barrier as they land (cp.async.mbarrier.arrive.noinc: the producer never waits for
-//   its own copies, so the whole ring is in flight). Quantised weights (MXFP4 codes and the
+//   (TileStartKernel at kMaxN rows) kept in shared memory with the experts' offsets; each
+//   tile's rows (its tokens, or down's output rows) are loaded a tile ahead into a table ring.
+// * Stages: K in slices of 64 through a ring of 3 to 8 stages (WsRing: deeper for smaller
+//   tiles), each a [128][64] bf16 weight tile and a [kMaxN][64] bf16 activation tile in the
+//   128-byte swizzle (read by wgmma from shared memory: weights as A, assignments as B). Per
+//   stage the producer waits for the stage to be empty, copies the activations (gathered by
+//   token for gate_up; rows past the tile's count zero-filled) and bf16 weights with cp.async
+//   and lets them arrive on the stage's `full` barrier as they land
+//   (cp.async.mbarrier.arrive.noinc: the producer never waits for its own copies, so the whole
+//   ring is in flight). Quantised weights (MXFP4 codes and the
 //   4-byte word holding a row's two UE8M0 scales of the stage, or FP8 bytes and their block
 //   scale) go through a second, deeper ring of small raw slices, copied kAhead stages ahead by
 //   a second cursor over the same tiles; at stage it the producer waits for its own copies of
@@ -268,7 +271,7 @@ struct WsShared {
 // A tile of the block's sequence (tile = blockIdx.x + j * gridDim.x) decoded by a forward scan
 // of the prefix from the expert `e` of the cursor's previous tile.
 struct WsTile {
-  int32_t tile, e = 0, n_tile = 0, a0 = 0, count = 0;
+  int32_t tile = 0, e = 0, n_tile = 0, a0 = 0, count = 0;
   int n = 0;
 };
 __device__ __forceinline__ void WsDecode(const TileGemmArgs& g, const WsShared& sh,
@@ -352,13 +355,12 @@ __device__ __forceinline__ void WsProducer(const TileGemmArgs& g, const WsShared
     for (int p = 0; p < Ring::kAhead; ++p) issue_ahead(p);
   }
   F fmt;  // bf16: the weights' cursor, with the activations
-  WsTile cur{static_cast<int32_t>(blockIdx.x)}, next = cur;
-  if (next.tile < total) WsDecode(g, sh, next);
+  WsTile cur{static_cast<int32_t>(blockIdx.x)}, next;
+  if (cur.tile < total) WsDecode(g, sh, cur);
   WsRows<kMaxN> rows;
-  rows.Load(g, next.tile < total ? next : WsTile{-1}, t);
+  rows.Load(g, cur.tile < total ? cur : WsTile{-1}, t);
   int it = 0;
-  for (int j = 0; cur.tile < total; ++j, cur.tile += gridDim.x) {
-    WsDecode(g, sh, cur);
+  for (int j = 0; cur.tile < total; ++j, cur = next) {
     const int table = j % Ring::kTables;
     int32_t* const tab = sh.tables + table * kMaxN;
     if constexpr (!F::kExpands) {
@@ -375,7 +377,8 @@ __device__ __forceinline__ void WsProducer(const TileGemmArgs& g, const WsShared
         // tile).
         rows.Store(tab, t);
         NamedBarrierSync(kWsProducerBarrier, kWsProducers);  // the table is written
-        next.tile = cur.tile + gridDim.x;
+        next = cur;  // the scan goes on from cur's expert
+        next.tile += gridDim.x;
         if (next.tile < total) WsDecode(g, sh, next);
         rows.Load(g, next.tile < total ? next : WsTile{-1}, t);
         if (t == 0) {
@@ -570,23 +573,14 @@ __global__ void __launch_bounds__(kWsThreads, 1) ExpertWsKernel(const TileGemmAr
   }
 }
 
-int DeviceSms() {
-  int device = 0, sms = 0;
+// An attribute of the current device, or 0 where it cannot be read.
+int DeviceAttribute(cudaDeviceAttr attr) {
+  int device = 0, value = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      cudaDeviceGetAttribute(&value, attr, device) != cudaSuccess) {
     return 0;
   }
-  return sms;
-}
-
-size_t DeviceSmemOptin() {
-  int device = 0, bytes = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-          cudaSuccess) {
-    return 0;
-  }
-  return static_cast<size_t>(bytes);
+  return value;
 }
 
 template <class F>
@@ -614,7 +608,7 @@ absl::Status LaunchWs(const TileGemmArgs& g, cudaStream_t stream) {
   auto kernel = ExpertWsKernel<F, kSwiGlu, kMaxN>;
   CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(smem)));
-  const int sms = DeviceSms();
+  const int sms = DeviceAttribute(cudaDevAttrMultiProcessorCount);
   if (sms <= 0) return absl::InternalError("MoeExpertsTiled: no multiprocessor count");
   kernel<<<static_cast<unsigned>(sms), kWsThreads, smem, stream>>>(g);
   CUDA_RETURN_IF_LAUNCH_ERROR();
@@ -657,7 +651,8 @@ bool TiledWsFits(QuantFormat format, int max_n, int64_t dim, int64_t inter, int6
   }
   // The barriers and headers are static shared memory: at most 8 stages x 32 bytes.
   constexpr size_t kStaticBytes = 256;
-  const size_t optin = DeviceSmemOptin();
+  const size_t optin =
+      static_cast<size_t>(DeviceAttribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
   return optin > kStaticBytes && WsSmem(format, max_n, experts) <= optin - kStaticBytes;
 }
 
